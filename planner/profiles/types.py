@@ -1,0 +1,193 @@
+"""The project's profile format: what a model costs on a GPU type, what a link carries.
+
+Profiles are data, versioned and typed, and every one says where it came from: `measured`
+(by `sailplan-profile`, or imported from a Sailor artifact, with tool, GPU, driver and date)
+or `estimated` (the analytic roofline). The simulator consumes them; the profilers in the
+trainer image produce them; the operator stores them in ConfigMaps; the Sailor importer
+converts into them. Measured beats estimated wherever both exist (see ProfileSet).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cached_property
+from typing import Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+PROFILE_API_VERSION: Final = "sailplan.dev/v1alpha1"
+
+Source = Literal["measured", "estimated"]
+LinkClass = Literal["intra-node", "intra-zone", "inter-zone", "inter-region"]
+LINK_CLASSES: tuple[LinkClass, ...] = ("intra-node", "intra-zone", "inter-zone", "inter-region")
+
+
+class Provenance(BaseModel):
+    """Where a profile came from, so a plan can say how much to trust it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: Source
+    tool: str = Field(description="sailplan-profile, sailor-import, roofline, ...")
+    tool_version: str = ""
+    gpu_name: str = ""
+    driver: str = ""
+    torch_version: str = ""
+    date: str = ""
+    note: str = ""
+
+
+class ComputeProfile(BaseModel):
+    """Per-layer times of one model on one GPU type at one TP degree and micro-batch size.
+
+    Times are seconds for one micro-batch through the layer on one GPU of the TP group;
+    `update_s` is the optimizer step for that layer's parameter shard. `oom` marks a grid
+    point that did not fit (the lists are then empty).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    api_version: Literal["sailplan.dev/v1alpha1"] = PROFILE_API_VERSION
+    kind: Literal["ComputeProfile"] = "ComputeProfile"
+    model: str
+    gpu_type: str
+    tensor_parallel: int = Field(ge=1)
+    micro_batch_size: int = Field(ge=1)
+    forward_s: tuple[float, ...] = ()
+    backward_s: tuple[float, ...] = ()
+    update_s: tuple[float, ...] = ()
+    peak_memory_bytes: tuple[int, ...] = Field(
+        default=(), description="optional measured per-layer peak memory for one micro-batch"
+    )
+    oom: bool = False
+    provenance: Provenance
+
+    @model_validator(mode="after")
+    def _same_lengths(self) -> ComputeProfile:
+        lengths = {len(self.forward_s), len(self.backward_s), len(self.update_s)}
+        if len(lengths) != 1:
+            raise ValueError("forward_s, backward_s and update_s must have one entry per layer")
+        if not self.oom and not self.forward_s:
+            raise ValueError("a profile that is not out-of-memory needs per-layer times")
+        return self
+
+    @property
+    def key(self) -> str:
+        return f"compute/{self.model}/{self.gpu_type}/tp{self.tensor_parallel}/mbs{self.micro_batch_size}"
+
+
+class BandwidthCurve(BaseModel):
+    """Achieved bandwidth against message size.
+
+    bandwidth_GBps(x) = c0*x^2 + c1*x + c2 with x = log2(message MB), clamped to
+    [min_bytes_per_s, max_bytes_per_s]; the Sailor artifact's fit, so imported curves keep
+    their meaning. The lower clamp keeps a badly extrapolated fit from going to zero.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    coefficients: tuple[float, float, float]
+    max_bytes_per_s: float = Field(gt=0)
+    min_bytes_per_s: float = Field(default=1e6, gt=0)
+    latency_s: float = Field(default=0.0, ge=0)
+
+    def bytes_per_second(self, message_bytes: float) -> float:
+        if message_bytes <= 0:
+            return self.max_bytes_per_s
+        x = math.log2(message_bytes / 1e6)
+        c0, c1, c2 = self.coefficients
+        gbps = c0 * x * x + c1 * x + c2
+        return min(max(gbps * 1e9, self.min_bytes_per_s), self.max_bytes_per_s)
+
+    def transfer_seconds(self, message_bytes: float) -> float:
+        if message_bytes <= 0:
+            return 0.0
+        return self.latency_s + message_bytes / self.bytes_per_second(message_bytes)
+
+
+class NetworkProfile(BaseModel):
+    """Point-to-point bandwidth of one link class, optionally specific to GPU types.
+
+    `gpu_type` / `peer_gpu_type` narrow the profile to links between VMs of those GPU types
+    (intra-node links are always specific to one GPU type); empty means any.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    api_version: Literal["sailplan.dev/v1alpha1"] = PROFILE_API_VERSION
+    kind: Literal["NetworkProfile"] = "NetworkProfile"
+    link: LinkClass
+    gpu_type: str = ""
+    peer_gpu_type: str = ""
+    gpus_per_node: int = Field(default=0, ge=0, description="0 = any")
+    curve: BandwidthCurve
+    provenance: Provenance
+
+    @property
+    def key(self) -> str:
+        pair = "/".join(x for x in (self.gpu_type, self.peer_gpu_type) if x)
+        return f"network/{self.link}" + (f"/{pair}" if pair else "")
+
+
+class ProfileSet(BaseModel):
+    """All profiles the planner may use, with the lookups the simulator needs.
+
+    Where a measured and an estimated profile share a key, the measured one wins.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    compute: tuple[ComputeProfile, ...] = ()
+    network: tuple[NetworkProfile, ...] = ()
+
+    @cached_property
+    def _compute_index(self) -> dict[tuple[str, str, int, int], ComputeProfile]:
+        index: dict[tuple[str, str, int, int], ComputeProfile] = {}
+        for profile in self.compute:
+            key = (
+                profile.model,
+                profile.gpu_type,
+                profile.tensor_parallel,
+                profile.micro_batch_size,
+            )
+            current = index.get(key)
+            if current is None or _rank(profile.provenance) > _rank(current.provenance):
+                index[key] = profile
+        return index
+
+    def compute_profile(
+        self, model: str, gpu_type: str, tensor_parallel: int, micro_batch_size: int
+    ) -> ComputeProfile | None:
+        return self._compute_index.get((model, gpu_type, tensor_parallel, micro_batch_size))
+
+    def compute_grid(self, model: str, gpu_type: str) -> list[tuple[int, int]]:
+        """(tensor_parallel, micro_batch_size) points available for a model on a GPU type."""
+        return sorted(
+            (tp, mbs) for (m, g, tp, mbs) in self._compute_index if m == model and g == gpu_type
+        )
+
+    def network_profile(
+        self, link: LinkClass, gpu_type: str = "", peer_gpu_type: str = ""
+    ) -> NetworkProfile | None:
+        """Most specific profile for a link: exact GPU pair, then either order, then generic."""
+        candidates = [p for p in self.network if p.link == link]
+        wanted = [
+            (gpu_type, peer_gpu_type),
+            (peer_gpu_type, gpu_type),
+            (gpu_type, ""),
+            ("", ""),
+        ]
+        for g, peer in wanted:
+            matches = [p for p in candidates if p.gpu_type == g and p.peer_gpu_type == peer]
+            if matches:
+                return max(matches, key=lambda p: _rank(p.provenance))
+        return None
+
+    def merged(self, other: ProfileSet) -> ProfileSet:
+        return ProfileSet(
+            compute=self.compute + other.compute, network=self.network + other.network
+        )
+
+
+def _rank(provenance: Provenance) -> int:
+    return 1 if provenance.source == "measured" else 0
