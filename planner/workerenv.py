@@ -1,0 +1,71 @@
+"""The contract between the pods the operator renders and the trainer that runs in them.
+
+The operator writes these environment variables, mounts and annotations; the trainer reads
+them. Neither imports the other, so the names live here, beside the Plan they go with.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# -- environment variables set on every worker container -----------------------------------
+PLAN_PATH: Final = "SAILPLAN_PLAN_PATH"  # the mounted Plan JSON
+PLAN_GENERATION: Final = "SAILPLAN_PLAN_GENERATION"  # increments on every replan
+WORKER_INDEX: Final = "SAILPLAN_WORKER_INDEX"  # index into Plan.workers()
+TRAINER_CONFIG_PATH: Final = "SAILPLAN_TRAINER_CONFIG_PATH"  # the mounted TrainerConfig JSON
+MASTER_ADDR: Final = "MASTER_ADDR"  # torch.distributed rendezvous: worker 0's stable DNS name
+MASTER_PORT: Final = "MASTER_PORT"
+WORLD_SIZE: Final = "WORLD_SIZE"
+POD_NAME: Final = "SAILPLAN_POD_NAME"  # downward API
+POD_NAMESPACE: Final = "SAILPLAN_POD_NAMESPACE"  # downward API
+PODINFO_DIR: Final = "SAILPLAN_PODINFO_DIR"  # downward API volume with the pod's annotations
+
+DEFAULT_PLAN_PATH: Final = "/etc/sailplan/plan/plan.json"
+DEFAULT_TRAINER_CONFIG_PATH: Final = "/etc/sailplan/plan/trainer.json"
+DEFAULT_PODINFO_DIR: Final = "/etc/podinfo"
+DEFAULT_MASTER_PORT: Final = 29500
+
+# -- annotations -----------------------------------------------------------------------------
+# Rank 0 patches its own pod with JSON TrainerProgress; the operator mirrors it to status.
+PROGRESS_ANNOTATION: Final = "sailplan.dev/progress"
+# The operator sets this on every worker to ask for a checkpoint at the next step boundary
+# and a clean exit (a planned switch). The value is the plan generation being retired. The
+# trainer sees it through the downward API volume (PODINFO_DIR/annotations).
+CHECKPOINT_REQUEST_ANNOTATION: Final = "sailplan.dev/checkpoint-request"
+
+
+class DataConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["synthetic", "token-file"] = "synthetic"
+    path: str = Field(default="", description="memory-mapped token file (kind token-file)")
+    seed: int = 0
+
+
+class TrainerConfig(BaseModel):
+    """Training settings that are not part of the parallel plan."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    steps: int = Field(ge=1)
+    learning_rate: float = Field(default=3e-4, gt=0)
+    seed: int = 0
+    data: DataConfig = DataConfig()
+    checkpoint_dir: str = Field(min_length=1)
+    checkpoint_interval_steps: int = Field(default=50, ge=1)
+    checkpoints_to_keep: int = Field(default=2, ge=1)
+    mixed_precision: bool = Field(default=False, description="bf16 autocast on CUDA")
+
+
+class TrainerProgress(BaseModel):
+    """What rank 0 reports in PROGRESS_ANNOTATION."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    step: int
+    loss: float | None = None
+    samples_per_second: float | None = None
+    last_checkpoint_step: int | None = None
+    plan_generation: int = 0
