@@ -6,13 +6,17 @@ and cluster snapshot are passed in, nothing is read from disk or the network her
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sailplan.planner.cluster import ClusterSnapshot
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.plan import Plan
+from sailplan.planner.profiles.types import ProfileSet
+
+if TYPE_CHECKING:
+    from sailplan.planner.catalog import Catalog
 
 
 class Objective(BaseModel):
@@ -88,3 +92,97 @@ class Infeasible(BaseModel):
 
 
 PlanResult = Planned | Infeasible
+
+
+def _grid_for(request: PlanRequest) -> tuple[list[int], list[int]]:
+    """TP degrees and micro-batch sizes worth estimating when nothing was measured.
+
+    TP: every degree the model's heads split into that fits the largest node. Micro-batch:
+    the divisors of the global batch up to 32 (a larger micro-batch of a sequence-length
+    2048 model does not fit any GPU's memory, and the estimator would only be asked for
+    points the memory check then rejects), or the request's own list.
+    """
+    largest_node = max(p.gpus_per_node for p in request.cluster.pools)
+    tps = [t for t in range(1, largest_node + 1) if request.model.supports_tensor_parallel(t)]
+    if request.micro_batch_sizes is not None:
+        sizes = sorted(set(request.micro_batch_sizes))
+    else:
+        batch = request.global_batch_size
+        sizes = [m for m in range(1, min(batch, _MAX_ESTIMATED_MICRO_BATCH) + 1) if batch % m == 0]
+    return tps, sizes
+
+
+_MAX_ESTIMATED_MICRO_BATCH = 32
+
+
+def make_plan(
+    request: PlanRequest,
+    measured: ProfileSet | None = None,
+    catalog: Catalog | None = None,
+) -> PlanResult:
+    """Best plan and alternatives for `request`: the entry point of the CLI and the operator.
+
+    Profiles: a GPU type with measured compute profiles for the model is planned on its
+    measured grid points only (a roofline guess at an unmeasured micro-batch size must not
+    outbid measurements); a type with none gets estimates over the whole grid. Missing
+    network profiles get catalog defaults. Each returned plan lists in `inputs.profiles`
+    which of its inputs were estimated.
+    """
+    from sailplan.planner.catalog import default_catalog
+    from sailplan.planner.profiles.estimate import complete_profiles
+    from sailplan.planner.search import plan as search_plan
+
+    catalog = catalog or default_catalog()
+    measured = measured or ProfileSet()
+    snapshot_hash = request.cluster.content_hash()
+    known = set(catalog.gpu_names())
+    unknown = sorted({p.gpu_type for p in request.cluster.pools if p.gpu_type not in known})
+    if unknown:
+        # memory size and link speeds come from the catalog: such pools cannot be planned
+        pools = tuple(p for p in request.cluster.pools if p.gpu_type in known)
+        if not any(p.gpus for p in pools):
+            return Infeasible(
+                code="NoProfile",
+                reason=(
+                    f"GPU type(s) {', '.join(unknown)} are not in the catalog (known: "
+                    f"{', '.join(sorted(known))}); add them with a catalog file"
+                ),
+            )
+        request = request.model_copy(
+            update={"cluster": request.cluster.model_copy(update={"pools": pools})}
+        )
+    tps, sizes = _grid_for(request)
+    unmeasured = [
+        gpu
+        for gpu in request.cluster.gpu_types
+        if not measured.compute_grid(request.model.name, gpu)
+    ]
+    profiles = complete_profiles(
+        request.model,
+        unmeasured,
+        tps,
+        sizes,
+        measured=measured,
+        catalog=catalog,
+        optimizer=request.optimizer,
+    )
+    # Network defaults for every GPU pair of the cluster (compute grid empty: nothing added).
+    profiles = complete_profiles(
+        request.model, request.cluster.gpu_types, [], [], measured=profiles, catalog=catalog
+    )
+    result = search_plan(request, profiles, catalog)
+    if unknown and isinstance(result, Planned):
+        # the plans were made from the snapshot the caller gave: keep its hash
+        original = snapshot_hash
+
+        def rehash(plan: Plan) -> Plan:
+            inputs = plan.inputs.model_copy(update={"cluster_hash": original})
+            return plan.model_copy(update={"inputs": inputs})
+
+        result = result.model_copy(
+            update={
+                "best": rehash(result.best),
+                "alternatives": tuple(rehash(p) for p in result.alternatives),
+            }
+        )
+    return result

@@ -21,11 +21,13 @@ WORLD_SIZE: Final = "WORLD_SIZE"
 POD_NAME: Final = "SAILPLAN_POD_NAME"  # downward API
 POD_NAMESPACE: Final = "SAILPLAN_POD_NAMESPACE"  # downward API
 PODINFO_DIR: Final = "SAILPLAN_PODINFO_DIR"  # downward API volume with the pod's annotations
+METRICS_PORT: Final = "SAILPLAN_METRICS_PORT"  # Prometheus port of each worker; 0 disables
 
 DEFAULT_PLAN_PATH: Final = "/etc/sailplan/plan/plan.json"
 DEFAULT_TRAINER_CONFIG_PATH: Final = "/etc/sailplan/plan/trainer.json"
 DEFAULT_PODINFO_DIR: Final = "/etc/podinfo"
 DEFAULT_MASTER_PORT: Final = 29500
+DEFAULT_METRICS_PORT: Final = 9400
 
 # -- annotations -----------------------------------------------------------------------------
 # Rank 0 patches its own pod with JSON TrainerProgress; the operator mirrors it to status.
@@ -57,6 +59,9 @@ class TrainerConfig(BaseModel):
     checkpoint_interval_steps: int = Field(default=50, ge=1)
     checkpoints_to_keep: int = Field(default=2, ge=1)
     mixed_precision: bool = Field(default=False, description="bf16 autocast on CUDA")
+    zero_stage: Literal[0, 1] = Field(
+        default=1, description="1: optimizer state partitioned over each stage's DP replicas"
+    )
 
 
 class TrainerProgress(BaseModel):

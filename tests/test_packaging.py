@@ -1,23 +1,36 @@
-"""The package mapping in pyproject.toml must list every sub-package of the code directories.
+"""Packaging guards: the package mapping in pyproject.toml, and no shadowing of the stdlib.
 
 setuptools is given an explicit package list (package-dir maps `planner/` to
 `sailplan.planner`, etc.), so a new sub-package that is not listed would work in an editable
-checkout and be missing from the wheel. This test catches that.
+checkout and be missing from the wheel. The three code directories themselves have no
+`__init__.py`: they are namespace portions of `sailplan`, so from the repository root
+`import operator` still finds the standard library (a regular package named `operator`
+there broke `python3 -m venv .venv` in a fresh clone).
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _setuptools_config() -> dict[str, object]:
+    config: dict[str, object] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"][
+        "setuptools"
+    ]
+    return config
+
+
 def test_every_subpackage_is_listed_in_pyproject() -> None:
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    listed = set(config["packages"])
-    found: set[str] = set()
-    for package, directory in config["package-dir"].items():
+    config = _setuptools_config()
+    listed = set(config["packages"])  # type: ignore[call-overload]
+    package_dir: dict[str, str] = config["package-dir"]  # type: ignore[assignment]
+    found: set[str] = set(package_dir)
+    for package, directory in package_dir.items():
         for init in (ROOT / directory).rglob("__init__.py"):
             relative = init.parent.relative_to(ROOT / directory)
             found.add(".".join((package, *relative.parts)))
@@ -25,9 +38,20 @@ def test_every_subpackage_is_listed_in_pyproject() -> None:
     assert listed - found == set(), "these listed packages have no __init__.py"
 
 
-def test_no_top_level_directory_shadows_a_module_name() -> None:
-    # `operator` is a standard-library module: the code directories must not be importable
-    # under their own names, only as sailplan.*.
-    import operator
+def test_code_directories_are_not_regular_packages() -> None:
+    package_dir: dict[str, str] = _setuptools_config()["package-dir"]  # type: ignore[assignment]
+    regular = [d for d in package_dir.values() if (ROOT / d / "__init__.py").exists()]
+    assert regular == [], f"{regular} would be importable from the repository root"
 
-    assert not hasattr(operator, "__path__"), "stdlib operator was shadowed by the repo directory"
+
+def test_stdlib_operator_wins_from_the_repository_root() -> None:
+    # -S: no site packages, so no .pth file imports `operator` before the current directory
+    # is on sys.path; exactly the situation of `python3 -m venv .venv` in a fresh clone.
+    completed = subprocess.run(
+        [sys.executable, "-S", "-c", "import operator; print(operator.__file__)"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert not completed.stdout.strip().startswith(str(ROOT)), completed.stdout

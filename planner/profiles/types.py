@@ -167,9 +167,17 @@ class ProfileSet(BaseModel):
         )
 
     def network_profile(
-        self, link: LinkClass, gpu_type: str = "", peer_gpu_type: str = ""
+        self,
+        link: LinkClass,
+        gpu_type: str = "",
+        peer_gpu_type: str = "",
+        gpus_per_node: int = 0,
     ) -> NetworkProfile | None:
-        """Most specific profile for a link: exact GPU pair, then either order, then generic."""
+        """Most specific profile for a link: exact GPU pair, then either order, then generic.
+
+        Within one GPU pair, a profile measured with `gpus_per_node` GPUs per VM beats one
+        for any count (0), which beats one for another count; measured beats estimated.
+        """
         candidates = [p for p in self.network if p.link == link]
         wanted = [
             (gpu_type, peer_gpu_type),
@@ -180,7 +188,14 @@ class ProfileSet(BaseModel):
         for g, peer in wanted:
             matches = [p for p in candidates if p.gpu_type == g and p.peer_gpu_type == peer]
             if matches:
-                return max(matches, key=lambda p: _rank(p.provenance))
+                return max(
+                    matches,
+                    key=lambda p: (
+                        _rank(p.provenance),
+                        2 if p.gpus_per_node == gpus_per_node else 1 if p.gpus_per_node == 0 else 0,
+                        -abs(p.gpus_per_node - gpus_per_node),
+                    ),
+                )
         return None
 
     def merged(self, other: ProfileSet) -> ProfileSet:

@@ -1,0 +1,353 @@
+"""TrainingJob: train one model on the GPUPools the operator plans over (namespaced).
+
+The spec says what to train (a catalog model or a custom shape), how (batch, steps,
+optimizer), where it may run (pools), what "best" means (objective and constraints), with
+what image and checkpoint storage, and how to react to failures and cluster changes. The
+status is the operator's account of it: phase, conditions with reasons, the current plan's
+summary and generation, progress mirrored from rank 0, and the history of plans.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Final, Literal
+
+from pydantic import ConfigDict, Field, JsonValue, model_validator
+from pydantic.alias_generators import to_camel
+
+from sailplan.operator.api.common import (
+    DNS1123_SUBDOMAIN,
+    Conditions,
+    KubeModel,
+    LabelSelector,
+    Quantity,
+    StatusModel,
+)
+from sailplan.operator.replan.state import ReplanState
+from sailplan.planner.modelspec import ModelSpec
+from sailplan.planner.workerenv import DEFAULT_MASTER_PORT
+
+KIND: Final = "TrainingJob"
+PLURAL: Final = "trainingjobs"
+
+# A worker pod's name is `<job>-g<generation>-a<attempt>-w<index>` and doubles as its
+# hostname (a DNS label, at most 63 characters); 40 leaves room for the suffix.
+MAX_NAME_LENGTH: Final = 40
+
+# -- phases, condition types and reasons -----------------------------------------------------
+Phase = Literal[
+    "Pending", "Running", "Replanning", "Succeeded", "Failed", "Unschedulable", "Invalid"
+]
+PHASE_PENDING: Final = "Pending"
+PHASE_RUNNING: Final = "Running"
+PHASE_REPLANNING: Final = "Replanning"
+PHASE_SUCCEEDED: Final = "Succeeded"
+PHASE_FAILED: Final = "Failed"
+PHASE_UNSCHEDULABLE: Final = "Unschedulable"
+PHASE_INVALID: Final = "Invalid"
+
+COND_INVALID: Final = "Invalid"
+COND_PLANNED: Final = "Planned"
+COND_UNSCHEDULABLE: Final = "Unschedulable"
+COND_RUNNING: Final = "Running"
+COND_REPLANNING: Final = "Replanning"
+COND_SUCCEEDED: Final = "Succeeded"
+COND_FAILED: Final = "Failed"
+COND_PROFILES_MEASURED: Final = "ProfilesMeasured"
+
+REASON_VALID: Final = "Valid"
+REASON_UNKNOWN_MODEL: Final = "UnknownModel"
+REASON_UNKNOWN_GPU_TYPE: Final = "UnknownGPUType"
+REASON_INVALID_MODEL_SHAPE: Final = "InvalidModelShape"
+REASON_INVALID_SPEC: Final = "InvalidSpec"
+REASON_NO_POOLS: Final = "NoPools"
+REASON_PLAN_CREATED: Final = "PlanCreated"
+REASON_PLAN_ADOPTED: Final = "PlanAdopted"
+REASON_AWAITING_PROFILES: Final = "AwaitingProfiles"
+REASON_SCHEDULABLE: Final = "Schedulable"
+REASON_PODS_PENDING: Final = "PodsPending"
+REASON_ALL_RUNNING: Final = "AllWorkersRunning"
+REASON_COMPLETED: Final = "Completed"
+REASON_WORKER_FAILED: Final = "WorkerFailed"
+REASON_RESTARTING: Final = "Restarting"
+REASON_RESTARTS_EXHAUSTED: Final = "RestartsExhausted"
+REASON_PREEMPTED: Final = "Preempted"
+REASON_ALL_MEASURED: Final = "AllMeasured"
+REASON_ESTIMATED: Final = "Estimated"
+REASON_NOT_REPLANNING: Final = "Stable"
+REASON_NO_CAPACITY: Final = "NoCapacity"
+REASON_REPLANNING: Final = "Replanning"
+
+
+# -- spec --------------------------------------------------------------------------------------
+# CEL rules (x-kubernetes-validations) the CRD carries; see schema.py for where they go.
+MODEL_RULES: Final[list[JsonValue]] = [
+    {"rule": "has(self.name) != has(self.custom)", "message": "set exactly one of name and custom"},
+]
+IMMUTABLE_MODEL: Final[list[JsonValue]] = [
+    {"rule": "self == oldSelf", "message": "model is immutable; create a new TrainingJob"},
+]
+STORAGE_RULES: Final[list[JsonValue]] = [
+    {
+        "rule": "has(self.persistentVolumeClaim) != has(self.uri)",
+        "message": "set exactly one of persistentVolumeClaim and uri",
+    },
+]
+IMMUTABLE_STORAGE: Final[list[JsonValue]] = [
+    {
+        "rule": "self == oldSelf",
+        "message": "checkpoint storage is immutable: existing checkpoints live there",
+    },
+]
+POOL_RULES: Final[list[JsonValue]] = [
+    {
+        "rule": "!(has(self.names) && has(self.selector))",
+        "message": "set names or selector, not both",
+    },
+]
+NAME_RULES: Final[list[JsonValue]] = [
+    {
+        "rule": f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
+        "message": f"metadata.name must be at most {MAX_NAME_LENGTH} characters "
+        "(worker pod hostnames are derived from it)",
+    },
+]
+
+
+CUSTOM_MODEL_RULES: Final[list[JsonValue]] = [
+    # ModelSpec's own validator, said to the API server so a bad shape is refused at apply.
+    {
+        "rule": "self.hiddenSize % self.numHeads == 0",
+        "message": "hiddenSize must be divisible by numHeads",
+    },
+    {
+        "rule": "!has(self.numKvHeads) || self.numHeads % self.numKvHeads == 0",
+        "message": "numHeads must be a multiple of numKvHeads",
+    },
+]
+
+
+class CustomModel(ModelSpec):
+    """A model shape not in the catalog: the planner's ModelSpec fields, camelCase on the wire."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        json_schema_extra={"x-kubernetes-validations": CUSTOM_MODEL_RULES},
+    )
+
+    def to_model_spec(self) -> ModelSpec:
+        return ModelSpec.model_validate(self.model_dump())
+
+
+class ModelRef(KubeModel):
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": MODEL_RULES})
+
+    name: str | None = Field(
+        default=None, min_length=1, max_length=63, description="a model of the catalog"
+    )
+    custom: CustomModel | None = Field(default=None, description="a shape not in the catalog")
+
+
+class DataSource(KubeModel):
+    kind: Literal["synthetic", "token-file"] = "synthetic"
+    path: str = Field(default="", max_length=1024, description="token file (kind token-file)")
+
+
+class TrainingSettings(KubeModel):
+    global_batch_size: int = Field(ge=1, le=1 << 20)
+    sequence_length: int | None = Field(
+        default=None, ge=1, le=1 << 20, description="unset = the model's"
+    )
+    steps: int = Field(ge=1)
+    optimizer: Literal["adam", "sgd"] = "adam"
+    learning_rate: float = Field(default=3e-4, gt=0, le=10)
+    seed: int = Field(default=0, ge=0)
+    mixed_precision: bool = False
+    data: DataSource = DataSource()
+
+
+PoolName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN)]
+
+
+class PoolSelection(KubeModel):
+    """Which GPUPools the job may use; neither field set means every pool."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": POOL_RULES})
+
+    names: tuple[PoolName, ...] | None = Field(default=None, min_length=1, max_length=64)
+    selector: LabelSelector | None = Field(default=None, description="on the GPUPools' labels")
+
+
+class ObjectiveSpec(KubeModel):
+    """What "best" means (planner Objective) plus search limits."""
+
+    kind: Literal["Throughput", "Cost"] = "Throughput"
+    min_samples_per_second: float | None = Field(default=None, gt=0)
+    max_usd_per_hour: float | None = Field(default=None, gt=0)
+    max_usd_per_iteration: float | None = Field(default=None, gt=0)
+    max_pipeline_depth: int | None = Field(default=None, ge=1, le=1024)
+
+
+class TrainerSpec(KubeModel):
+    image: str = Field(min_length=1, max_length=512)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    command: tuple[Annotated[str, Field(max_length=1024)], ...] = Field(
+        default=("sailplan-train",), min_length=1, max_length=64
+    )
+    cpu: Quantity = "4"
+    memory: Quantity = "16Gi"
+    master_port: int = Field(default=DEFAULT_MASTER_PORT, ge=1024, le=65535)
+    service_account_name: str | None = Field(
+        default=None, max_length=253, pattern=DNS1123_SUBDOMAIN
+    )
+
+
+class PVCStorage(KubeModel):
+    claim_name: str = Field(min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN)
+    sub_path: str = Field(
+        default="", max_length=1024, pattern=r"^[^/].*$|^$", description="relative directory"
+    )
+
+
+class CheckpointStorage(KubeModel):
+    """Where checkpoints live: a PersistentVolumeClaim, or a URI/path the trainer opens itself."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": STORAGE_RULES})
+
+    persistent_volume_claim: PVCStorage | None = None
+    uri: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        pattern=r"^([a-z][a-z0-9+.-]*://.+|/.+)$",
+        description="fsspec URI (gs://bucket/prefix) or a path mounted into the image",
+    )
+
+
+class CheckpointSpec(KubeModel):
+    storage: CheckpointStorage = Field(
+        json_schema_extra={"x-kubernetes-validations": IMMUTABLE_STORAGE}
+    )
+    interval_steps: int = Field(default=50, ge=1)
+    keep: int = Field(default=2, ge=1, le=100)
+
+
+class ReplanPolicy(KubeModel):
+    min_predicted_gain: float = Field(
+        default=0.1, ge=0, le=10, description="replan only if samples/s improves by this fraction"
+    )
+    cooldown_seconds: int = Field(default=300, ge=0, le=86400)
+
+
+class FailurePolicy(KubeModel):
+    max_restarts: int = Field(
+        default=3, ge=0, le=1000, description="restarts after real failures; preemptions are free"
+    )
+
+
+class ProfilingPolicy(KubeModel):
+    mode: Literal["Auto", "Skip", "Required"] = Field(
+        default="Auto",
+        description=(
+            "Auto: measured profiles where stored, estimated otherwise; Skip: estimated is "
+            "fine; Required: do not plan until every profile is measured"
+        ),
+    )
+
+
+class TrainingJobSpec(KubeModel):
+    model: ModelRef = Field(json_schema_extra={"x-kubernetes-validations": IMMUTABLE_MODEL})
+    training: TrainingSettings
+    pools: PoolSelection = PoolSelection()
+    objective: ObjectiveSpec = ObjectiveSpec()
+    trainer: TrainerSpec
+    checkpoint: CheckpointSpec
+    replan: ReplanPolicy = ReplanPolicy()
+    failure: FailurePolicy = FailurePolicy()
+    profiling: ProfilingPolicy = ProfilingPolicy()
+
+
+# -- status -----------------------------------------------------------------------------------
+class PlanSummary(StatusModel):
+    generation: int = Field(ge=1)
+    config_map: str
+    summary: str = Field(description="one line: stages, degrees, GPUs by pool and zone")
+    pipeline_depth: int = 0
+    data_parallel: int = 0
+    workers: int = 0
+    gpus: int = 0
+    gpus_by_pool: dict[str, int] = Field(default_factory=dict)
+    micro_batch_size: int = 0
+    predicted_samples_per_second: float | None = None
+    predicted_usd_per_hour: float | None = None
+    predicted_iteration_seconds: float | None = None
+    cluster_hash: str = ""
+    estimated_profiles: tuple[str, ...] = ()
+
+
+class PlanHistoryEntry(StatusModel):
+    generation: int
+    time: datetime
+    reason: str
+    summary: str
+    predicted_samples_per_second: float | None = None
+
+
+class Progress(StatusModel):
+    step: int = 0
+    loss: float | None = None
+    samples_per_second: float | None = None
+    last_checkpoint_step: int | None = None
+
+
+class WorkerCounts(StatusModel):
+    desired: int = 0
+    pending: int = 0
+    running: int = 0
+    succeeded: int = 0
+    failed: int = 0
+
+
+MAX_HISTORY: Final = 20
+
+
+class TrainingJobStatus(StatusModel):
+    observed_generation: int | None = None
+    phase: Phase = PHASE_PENDING
+    model: str | None = Field(default=None, description="resolved model name")
+    conditions: Conditions = ()
+    plan: PlanSummary | None = None
+    history: tuple[PlanHistoryEntry, ...] = Field(default=(), max_length=MAX_HISTORY)
+    progress: Progress | None = None
+    workers: WorkerCounts = WorkerCounts()
+    attempt: int = Field(default=0, ge=0, description="restarts of the current plan generation")
+    restarts: int = Field(default=0, ge=0, description="restarts after real failures")
+    preemptions: int = Field(default=0, ge=0)
+    unschedulable_inputs: str | None = Field(
+        default=None,
+        description="job generation and cluster hash of the last infeasible planning; the "
+        "planner is not asked again until one of them changes",
+    )
+    replan: ReplanState | None = Field(
+        default=None,
+        description="where replanning stands (replan.machine); the operator's memory "
+        "between passes, so a restarted operator resumes a switch where it stopped",
+    )
+
+
+class TrainingJob(KubeModel):
+    """A parsed TrainingJob object: identity plus spec and status."""
+
+    name: str
+    namespace: str
+    uid: str = ""
+    generation: int = 0
+    spec: TrainingJobSpec
+    status: TrainingJobStatus = TrainingJobStatus()
+
+    @model_validator(mode="after")
+    def _name_fits(self) -> TrainingJob:
+        if len(self.name) > MAX_NAME_LENGTH:
+            raise ValueError(f"metadata.name must be at most {MAX_NAME_LENGTH} characters")
+        return self

@@ -1,0 +1,236 @@
+"""`sailplan crds`, `sailplan operator run`, `sailplan demo` and `sailplan profiles import`.
+
+Thin edge: options in, one-line errors with exit code 2 out; the work is in
+sailplan.operator.api.crd (CRD rendering), sailplan.operator.handlers (the operator) and
+sailplan.operator.demo (the quickstart).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+
+operator_app = typer.Typer(help="Run the Kubernetes operator.", no_args_is_help=True)
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code=2)
+
+
+def crds_command(
+    output_dir: Annotated[
+        Path | None,
+        typer.Option("--output-dir", "-o", help="write one file per CRD here (e.g. crds/)"),
+    ] = None,
+) -> None:
+    """Render the CRDs from the pydantic models (to stdout, or into a directory)."""
+    from sailplan.operator.api import crd
+
+    if output_dir is None:
+        files = crd.rendered_files()
+        typer.echo(
+            "---\n".join(v for k, v in sorted(files.items()) if k != "kustomization.yaml"),
+            nl=False,
+        )
+        return
+    for path in crd.write(output_dir):
+        typer.echo(f"wrote {path}")
+
+
+@operator_app.command("run")
+def run_command(  # noqa: PLR0917 (typer maps each parameter to an option)
+    namespace: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--namespace", "-n", help="serve TrainingJobs of this namespace (repeat); default all"
+        ),
+    ] = None,
+    profile_namespace: Annotated[
+        str,
+        typer.Option(
+            help="namespace of the profile store ConfigMaps", envvar="SAILPLAN_PROFILE_NAMESPACE"
+        ),
+    ] = "sailplan-system",
+    kubeconfig: Annotated[
+        Path | None, typer.Option(help="kubeconfig (default: $KUBECONFIG, else in-cluster)")
+    ] = None,
+    metrics_port: Annotated[int, typer.Option(help="Prometheus metrics port (0 = off)")] = 9090,
+    health_port: Annotated[int, typer.Option(help="liveness endpoint port (0 = off)")] = 8080,
+    catalog_file: Annotated[
+        Path | None, typer.Option("--catalog", help="YAML merged over the built-in catalog")
+    ] = None,
+    log_format: Annotated[str, typer.Option(help="json or plain")] = "json",
+    verbose: Annotated[bool, typer.Option(help="debug logging")] = False,
+    restart_pod_start_seconds: Annotated[
+        float,
+        typer.Option(
+            min=0, help="replan cost model: seconds to schedule, start and rendezvous new pods"
+        ),
+    ] = 90.0,
+    restart_teardown_seconds: Annotated[
+        float,
+        typer.Option(min=0, help="replan cost model: seconds to tear pods down after a checkpoint"),
+    ] = 15.0,
+) -> None:
+    """Run the operator until interrupted (what the operator Deployment runs)."""
+    import kopf
+
+    from sailplan.operator.handlers import OperatorConfig, build_registry
+    from sailplan.operator.replan.cost import RestartCostModel
+    from sailplan.operator.replan.decision import ReplanConfig
+    from sailplan.planner.catalog import CatalogError, default_catalog, load_catalog
+
+    if log_format not in ("json", "plain"):
+        raise _fail(f"--log-format must be json or plain, not {log_format!r}")
+    if kubeconfig is not None and not kubeconfig.exists():
+        raise _fail(f"no kubeconfig at {kubeconfig}")
+    try:
+        catalog = load_catalog(catalog_file) if catalog_file else default_catalog()
+    except (CatalogError, OSError) as error:
+        raise _fail(str(error)) from error
+    api_client = _api_client(kubeconfig)
+    config = OperatorConfig(
+        catalog=catalog,
+        namespaces=tuple(namespace or ()),
+        profile_namespace=profile_namespace,
+        metrics_port=metrics_port or None,
+        replan=ReplanConfig(
+            restart=RestartCostModel(
+                teardown_seconds=restart_teardown_seconds,
+                pod_start_seconds=restart_pod_start_seconds,
+            )
+        ),
+    )
+    kopf.configure(
+        verbose=verbose,
+        log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.FULL,
+    )
+    if not verbose:
+        # Kopf logs every handler invocation at INFO; with watch events on hundreds of nodes
+        # and pods that drowns the operator's own decisions.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+        logging.getLogger("kopf.activities").setLevel(logging.WARNING)
+    registry = build_registry(config, api_client)
+    kopf.run(
+        registry=registry,
+        clusterwide=True,
+        standalone=True,
+        liveness_endpoint=f"http://0.0.0.0:{health_port}/healthz" if health_port else None,
+    )
+
+
+def _api_client(kubeconfig: Path | None) -> ApiClient:
+    """A client for --kubeconfig, else $KUBECONFIG, else the in-cluster service account."""
+    from kubernetes import client, config
+
+    path = str(kubeconfig) if kubeconfig else os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
+    try:
+        if path:
+            api: ApiClient = config.new_client_from_config(config_file=path)  # type: ignore[no-untyped-call]
+            return api
+        configuration = client.Configuration()
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        return client.ApiClient(configuration)
+    except (config.ConfigException, OSError) as error:
+        raise _fail(f"no Kubernetes credentials: {error}") from error
+
+
+def demo_command(
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option(help="default: the `sailplan cluster up` cluster, else $KUBECONFIG"),
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for Running")] = 180.0,
+    keep_operator: Annotated[
+        bool, typer.Option(help="leave the operator running in the foreground afterwards")
+    ] = False,
+    preempt: Annotated[
+        bool,
+        typer.Option(help="then preempt worker 0's node (local cluster) and show the replan"),
+    ] = False,
+) -> None:
+    """Install the CRDs, start the operator, apply the examples and show where pods landed."""
+    from sailplan.operator.demo import DemoError, run_demo
+
+    try:
+        run_demo(
+            kubeconfig=kubeconfig, timeout_s=timeout, keep_operator=keep_operator, preempt=preempt
+        )
+    except DemoError as error:
+        raise _fail(str(error)) from error
+
+
+profiles_app = typer.Typer(help="Manage the operator's profile store.", no_args_is_help=True)
+
+
+@profiles_app.command("import")
+def profiles_import_command(
+    directory: Annotated[
+        Path, typer.Argument(help="profile directory (sailplan layout or a Sailor artifact)")
+    ],
+    namespace: Annotated[
+        str,
+        typer.Option(
+            "--namespace",
+            "-n",
+            help="namespace of the profile store (the operator's --profile-namespace)",
+            envvar="SAILPLAN_PROFILE_NAMESPACE",
+        ),
+    ] = "sailplan-system",
+    kubeconfig: Annotated[
+        Path | None, typer.Option(help="kubeconfig (default: $KUBECONFIG, else in-cluster)")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="print the ConfigMaps as YAML, write nothing")
+    ] = False,
+) -> None:
+    """Load measured profiles into the profile store, so no TrainingJob profiles them again."""
+    import yaml
+    from kubernetes.client.exceptions import ApiException
+
+    from sailplan.operator.kube import Kube
+    from sailplan.operator.profiling.importing import import_configmaps
+    from sailplan.planner.profiles.store import ProfileStoreError, load_profile_dir
+
+    if not directory.is_dir():
+        raise _fail(f"no profile directory at {directory}")
+    if kubeconfig is not None and not kubeconfig.exists():
+        raise _fail(f"no kubeconfig at {kubeconfig}")
+    try:
+        profiles = load_profile_dir(directory)
+    except (ProfileStoreError, OSError) as error:
+        raise _fail(str(error)) from error
+    batch = import_configmaps(profiles, namespace, directory.resolve().name)
+    if not batch.configmaps:
+        raise _fail(f"{directory} holds no measured profile ({batch.skipped_estimated} estimated)")
+    summary = (
+        f"{batch.imported} measured profiles in {len(batch.configmaps)} ConfigMaps "
+        f"(namespace {namespace}; {batch.skipped_estimated} estimated skipped)"
+    )
+    if dry_run:
+        typer.echo(yaml.safe_dump_all(batch.configmaps, sort_keys=False), nl=False)
+        typer.echo(f"dry run: would write {summary}", err=True)
+        return
+    kube = Kube(_api_client(kubeconfig))
+    created = 0
+    try:
+        for configmap in batch.configmaps:
+            created += kube.put_configmap(configmap)
+    except ApiException as error:
+        raise _fail(f"writing the profile store failed: {error.status} {error.reason}") from error
+    typer.echo(f"imported {summary}: {created} created, {len(batch.configmaps) - created} replaced")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("crds")(crds_command)
+    app.command("demo")(demo_command)
+    app.add_typer(operator_app, name="operator")
+    app.add_typer(profiles_app, name="profiles")

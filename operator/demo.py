@@ -1,0 +1,287 @@
+"""`sailplan demo`: the quickstart, end to end, on whatever cluster the kubeconfig names.
+
+Installs the CRDs, starts the operator as a subprocess, applies manifests/examples/, waits
+until the TrainingJob runs (or says why it cannot), and prints the plan and where each
+worker pod landed as tables. Meant for `sailplan cluster up && sailplan demo`: kwok marks
+the bound pods Running, so the whole path from TrainingJob to placed pods is real except
+the GPUs. With `--preempt` (local cluster only) it then preempts the node of worker 0 the
+way GKE preempts a spot VM and shows the replanning loop: the history entry, the new plan
+generation and where its pods landed (`sailplan cluster up` puts the node back).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from rich.console import Console
+from rich.table import Table
+from urllib3.exceptions import HTTPError
+
+from sailplan.operator.api import crd
+from sailplan.operator.apply import apply, load_documents
+from sailplan.operator.kube import Kube
+from sailplan.operator.reconcile import naming
+from sailplan.operator.reconcile.trainingjob import observed_plan
+from sailplan.planner.plan import Plan
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "examples"
+DEMO_NAMESPACE = "sailplan-demo"
+DEMO_JOB = "opt-350m"
+_SETTLED = ("Running", "Unschedulable", "Invalid", "Failed", "Succeeded")
+
+
+class DemoError(RuntimeError):
+    """Something the user can fix (no cluster, no examples); one line."""
+
+
+def _kubeconfig(explicit: Path | None) -> Path:
+    if explicit is not None:
+        if not explicit.exists():
+            raise DemoError(f"no kubeconfig at {explicit}")
+        return explicit
+    try:
+        from sailplan.operator.localcluster import kwokctl
+        from sailplan.operator.localcluster.cluster import DEFAULT_NAME
+
+        local = kwokctl.kubeconfig_path(DEFAULT_NAME)
+        if local.exists():
+            return local
+    except ImportError:
+        pass
+    env = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
+    if env and Path(env).exists():
+        return Path(env)
+    raise DemoError("no cluster: run `sailplan cluster up` first, or pass --kubeconfig")
+
+
+def _wait_crds(api: client.ApiClient, timeout_s: float) -> None:
+    ext = client.ApiextensionsV1Api(api)
+    deadline = time.monotonic() + timeout_s
+    for definition in crd.all_crds():
+        name = definition["metadata"]["name"]
+        while True:
+            status = ext.read_custom_resource_definition(name).status
+            conditions = (status.conditions if status else None) or []
+            if any(c.type == "Established" and c.status == "True" for c in conditions):
+                break
+            if time.monotonic() > deadline:
+                raise DemoError(f"CRD {name} was not established in {timeout_s:.0f}s")
+            time.sleep(0.2)
+
+
+def _start_operator(kubeconfig: Path, log_path: Path) -> subprocess.Popen[bytes]:
+    command = [
+        sys.executable,
+        "-m",
+        "sailplan.operator",
+        "operator",
+        "run",
+        "--kubeconfig",
+        str(kubeconfig),
+        "--namespace",
+        DEMO_NAMESPACE,
+        "--profile-namespace",
+        DEMO_NAMESPACE,
+        "--metrics-port",
+        "0",
+        "--health-port",
+        "0",
+    ]
+    with log_path.open("wb") as log:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _wait_settled(
+    api: client.ApiClient, timeout_s: float, operator: subprocess.Popen[bytes], log: Path
+) -> dict[str, Any]:
+    kube = Kube(api)
+    deadline = time.monotonic() + timeout_s
+    job: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        if operator.poll() is not None:
+            raise DemoError(f"the operator exited with code {operator.returncode}; see {log}")
+        job = kube.get_job(DEMO_NAMESPACE, DEMO_JOB) or {}
+        if (job.get("status") or {}).get("phase") in _SETTLED:
+            return job
+        time.sleep(0.5)
+    phase = (job.get("status") or {}).get("phase", "no status")
+    raise DemoError(f"TrainingJob {DEMO_JOB} did not settle in {timeout_s:.0f}s (phase {phase})")
+
+
+def plan_table(plan: Plan) -> Table:
+    table = Table(title="Plan: pipeline stages and their data-parallel replicas")
+    for column in ("stage", "layers", "TP", "replica", "GPU", "pool", "zone"):
+        table.add_column(column)
+    for index, stage in enumerate(plan.stages):
+        for replica_index, replica in enumerate(stage.replicas):
+            first = replica_index == 0
+            pool, _ = naming.split_pool_key(replica.pool)
+            table.add_row(
+                str(index) if first else "",
+                f"[{stage.layer_start}, {stage.layer_end})" if first else "",
+                str(stage.tensor_parallel) if first else "",
+                str(replica_index),
+                replica.gpu_type,
+                pool,
+                replica.zone,
+            )
+    return table
+
+
+def pods_table(pods: list[dict[str, Any]], nodes: dict[str, dict[str, str]]) -> Table:
+    table = Table(title="Worker pods as the scheduler placed them")
+    for column in ("pod", "stage", "GPUs", "GPUPool", "node", "node pool", "node zone", "phase"):
+        table.add_column(column)
+
+    def index(pod: dict[str, Any]) -> int:
+        return int(pod["metadata"]["labels"].get(naming.LABEL_WORKER, 0))
+
+    for pod in sorted(pods, key=index):
+        labels = pod["metadata"]["labels"]
+        node = (pod.get("spec") or {}).get("nodeName") or ""
+        node_labels = nodes.get(node, {})
+        gpus = pod["spec"]["containers"][0]["resources"]["limits"].get("nvidia.com/gpu", "")
+        table.add_row(
+            pod["metadata"]["name"],
+            labels.get(naming.LABEL_STAGE, ""),
+            str(gpus),
+            labels.get(naming.LABEL_GPUPOOL, ""),
+            node or "(unscheduled)",
+            node_labels.get("cloud.google.com/gke-nodepool", ""),
+            node_labels.get("topology.kubernetes.io/zone", ""),
+            (pod.get("status") or {}).get("phase", ""),
+        )
+    return table
+
+
+def run_demo(
+    *, kubeconfig: Path | None, timeout_s: float, keep_operator: bool, preempt: bool = False
+) -> None:
+    # Piped output gets a wide fixed width instead of rich's 80 columns: the tables are the point.
+    console = Console(width=None if sys.stdout.isatty() else 150)
+    path = _kubeconfig(kubeconfig)
+    if not EXAMPLES.is_dir():
+        raise DemoError(f"examples not found at {EXAMPLES}: run the demo from a source checkout")
+    api = config.new_client_from_config(config_file=str(path))  # type: ignore[no-untyped-call]
+    try:
+        client.VersionApi(api).get_code()
+    except (ApiException, HTTPError, OSError) as error:
+        raise DemoError(f"the API server in {path} does not answer: {error}") from error
+
+    console.print(f"[bold]cluster[/bold] {path}")
+    console.print("installing CRDs: " + ", ".join(apply(api, crd.all_crds())))
+    _wait_crds(api, 30)
+
+    log_path = Path(tempfile.gettempdir()) / "sailplan-demo-operator.log"
+    operator = _start_operator(path, log_path)
+    console.print(f"operator started (pid {operator.pid}, log {log_path})")
+    try:
+        applied = apply(api, load_documents(EXAMPLES.glob("*.yaml")))
+        console.print("applied examples: " + ", ".join(applied))
+        started = time.monotonic()
+        job = _wait_settled(api, timeout_s, operator, log_path)
+        elapsed = time.monotonic() - started
+        _report(console, api, job, elapsed)
+        if preempt:
+            _preempt(
+                console,
+                api,
+                path,
+                job=job,
+                timeout_s=timeout_s,
+                operator=operator,
+                log=log_path,
+            )
+        if keep_operator:
+            console.print("operator keeps running; Ctrl-C stops it")
+            operator.wait()
+    finally:
+        if operator.poll() is None:
+            operator.terminate()
+            try:
+                operator.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                operator.kill()
+
+
+def _report(console: Console, api: client.ApiClient, job: dict[str, Any], elapsed: float) -> None:
+    status = job.get("status") or {}
+    phase = status.get("phase")
+    console.print(
+        f"TrainingJob {DEMO_NAMESPACE}/{DEMO_JOB}: [bold]{phase}[/bold] after {elapsed:.1f}s"
+    )
+    for condition in status.get("conditions") or ():
+        if condition.get("status") == "True":
+            console.print(
+                f"  {condition['type']}: {condition.get('reason')} {condition.get('message', '')}"
+            )
+    if phase != "Running":
+        return
+    kube = Kube(api)
+    pods, plans, _ = kube.list_job_children(DEMO_NAMESPACE, DEMO_JOB)
+    summary = status.get("plan") or {}
+    generation = summary.get("generation")
+    current = next(
+        p for p in (observed_plan(cm) for cm in plans) if p and p.generation == generation
+    )
+    console.print(plan_table(current.plan))
+    mine = [
+        p for p in pods if p["metadata"]["labels"].get(naming.LABEL_GENERATION) == str(generation)
+    ]
+    console.print(pods_table(mine, kube.node_labels()))
+    console.print(f"plan generation {summary.get('generation')}: {summary.get('summary')}")
+    console.print(f"inspect: kubectl get trainingjobs,pods -n {DEMO_NAMESPACE} -o wide")
+
+
+def _preempt(
+    console: Console,
+    api: client.ApiClient,
+    kubeconfig: Path,
+    *,
+    job: dict[str, Any],
+    timeout_s: float,
+    operator: subprocess.Popen[bytes],
+    log: Path,
+) -> None:
+    """Preempt worker 0's node and show the operator replanning onto what remains."""
+    from sailplan.operator.localcluster.cluster import LocalCluster
+
+    status = job.get("status") or {}
+    if status.get("phase") != "Running":
+        raise DemoError("--preempt needs the job Running first")
+    generation = (status.get("plan") or {}).get("generation")
+    kube = Kube(api)
+    pods, _, _ = kube.list_job_children(DEMO_NAMESPACE, DEMO_JOB)
+    worker0 = next(
+        p
+        for p in pods
+        if p["metadata"]["labels"].get(naming.LABEL_WORKER) == "0"
+        and p["metadata"]["labels"].get(naming.LABEL_GENERATION) == str(generation)
+    )
+    node = worker0["spec"]["nodeName"]
+    console.print(f"\n[bold]preempting[/bold] node {node} (worker 0's), as GKE preempts a spot VM")
+    LocalCluster.attach(kubeconfig).preempt_node(node)
+    started = time.monotonic()
+    deadline = started + timeout_s
+    while True:
+        if operator.poll() is not None:
+            raise DemoError(f"the operator exited with code {operator.returncode}; see {log}")
+        job = kube.get_job(DEMO_NAMESPACE, DEMO_JOB) or {}
+        status = job.get("status") or {}
+        moved = (status.get("plan") or {}).get("generation") != generation
+        if moved and status.get("phase") in _SETTLED:
+            break
+        if time.monotonic() > deadline:
+            raise DemoError(f"no new plan within {timeout_s:.0f}s (phase {status.get('phase')})")
+        time.sleep(0.25)
+    history = (status.get("history") or [{}])[-1]
+    console.print(f"replanned: {history.get('reason', '')}")
+    _report(console, api, job, time.monotonic() - started)

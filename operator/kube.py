@@ -1,0 +1,191 @@
+"""The operator's I/O against the API server, in one thin layer over the kubernetes client.
+
+Every call is synchronous (the handlers run them in a thread). Creation is idempotent: a
+409 Conflict means the object is already there under its deterministic name, which after
+a restart is exactly the expected case. Lists are read as raw JSON (no model objects), which
+is both what the pure reconcile functions take and much faster for hundreds of items.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, cast
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from sailplan.operator.api.common import GROUP, VERSION
+from sailplan.operator.api.gpupool import PLURAL as POOLS
+from sailplan.operator.api.trainingjob import KIND as JOB_KIND
+from sailplan.operator.api.trainingjob import PLURAL as JOBS
+from sailplan.operator.reconcile import naming
+
+MERGE_PATCH = "application/merge-patch+json"
+COMPONENT = "sailplan-operator"
+
+
+class Kube:
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.api_client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+
+    @staticmethod
+    def _json(response: Any) -> dict[str, Any]:
+        loaded: dict[str, Any] = json.loads(response.data)
+        return loaded
+
+    # -- reads ----------------------------------------------------------------------------
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._json(
+                self.custom.get_namespaced_custom_object(
+                    GROUP, VERSION, namespace, JOBS, name, _preload_content=False
+                )
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def list_pools(self) -> list[dict[str, Any]]:
+        body = self._json(
+            self.custom.list_cluster_custom_object(GROUP, VERSION, POOLS, _preload_content=False)
+        )
+        items: list[dict[str, Any]] = body.get("items", [])
+        return items
+
+    def list_job_children(
+        self, namespace: str, job: str
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
+        """(worker pods, plan ConfigMaps, whether the rendezvous Service exists)."""
+        pods = self._json(
+            self.core.list_namespaced_pod(
+                namespace,
+                label_selector=f"{naming.LABEL_JOB}={job},{naming.LABEL_ROLE}={naming.ROLE_WORKER}",
+                _preload_content=False,
+            )
+        ).get("items", [])
+        plans = self._json(
+            self.core.list_namespaced_config_map(
+                namespace,
+                label_selector=f"{naming.LABEL_JOB}={job},{naming.LABEL_ROLE}={naming.ROLE_PLAN}",
+                _preload_content=False,
+            )
+        ).get("items", [])
+        try:
+            self.core.read_namespaced_service(naming.service_name(job), namespace)
+            service = True
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            service = False
+        return pods, plans, service
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self._json(self.core.list_node(_preload_content=False)).get(
+            "items", []
+        )
+        return items
+
+    def node_labels(self) -> dict[str, dict[str, str]]:
+        items = self._json(self.core.list_node(_preload_content=False)).get("items", [])
+        return {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in items}
+
+    def list_profile_configmaps(self, namespace: str) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self._json(
+            self.core.list_namespaced_config_map(
+                namespace, label_selector=naming.LABEL_PROFILE, _preload_content=False
+            )
+        ).get("items", [])
+        return items
+
+    # -- writes ---------------------------------------------------------------------------
+    def create(self, obj: dict[str, Any]) -> bool:
+        """Create a namespaced ConfigMap, Service or Pod; False if it already existed."""
+        namespace = obj["metadata"]["namespace"]
+        creators: dict[str, Callable[..., Any]] = {
+            "ConfigMap": self.core.create_namespaced_config_map,
+            "Service": self.core.create_namespaced_service,
+            "Pod": self.core.create_namespaced_pod,
+        }
+        try:
+            creators[obj["kind"]](namespace, obj)
+        except ApiException as error:
+            if error.status == 409:
+                return False
+            raise
+        return True
+
+    def put_configmap(self, obj: dict[str, Any]) -> bool:
+        """Create or replace a ConfigMap (an explicit import overwrites); True if created."""
+        if self.create(obj):
+            return True
+        meta = obj["metadata"]
+        body: Any = obj  # the client serialises dicts as they are
+        self.core.replace_namespaced_config_map(meta["name"], meta["namespace"], body)
+        return False
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        try:
+            self.core.delete_namespaced_pod(name, namespace)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        """Merge `annotations` into a pod's; a pod gone meanwhile is not an error."""
+        try:
+            self.core.patch_namespaced_pod(
+                name, namespace, {"metadata": {"annotations": annotations}}
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def patch_job_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, JOBS, name, {"status": patch}, _content_type=MERGE_PATCH
+        )
+
+    def patch_pool_status(self, name: str, patch: dict[str, Any]) -> None:
+        self.custom.patch_cluster_custom_object_status(
+            GROUP, VERSION, POOLS, name, {"status": patch}, _content_type=MERGE_PATCH
+        )
+
+    def post_event(
+        self,
+        *,
+        namespace: str,
+        job: str,
+        uid: str,
+        type_: str,
+        reason: str,
+        message: str,
+        now: datetime,
+    ) -> None:
+        stamp = now.isoformat().replace("+00:00", "Z")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{job}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": JOB_KIND,
+                "name": job,
+                "namespace": namespace,
+                "uid": uid,
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": COMPONENT,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        self.core.create_namespaced_event(namespace, cast(Any, event))

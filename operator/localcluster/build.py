@@ -1,0 +1,353 @@
+"""Build the local control plane's binaries from their Go modules, once, into a cache.
+
+Tier-2 tests, the e2e runner and the README quickstart need a real etcd, kube-apiserver,
+kube-scheduler, kube-controller-manager, kubectl and kwok. There is no Docker engine and no
+release download here (only PyPI and the Go module proxy are reachable), so the binaries are
+compiled from their published Go modules with the local Go toolchain. Called by
+`sailplan cluster build`, by `.ci/run` before the tests, and by the pytest cluster fixture
+when the binaries are missing.
+
+Layout (root = $SAILPLAN_CACHE, default ~/.cache/sailplan):
+
+    root/go/mod, root/go/build         GOMODCACHE and GOCACHE, so a rebuild or CI reuses them
+    root/k8s/<k8s-version>/src/<group>  generated wrapper modules (templates in gomod/)
+    root/k8s/<k8s-version>/bin/         the binaries
+
+The build is idempotent (a group whose binaries exist and report the pinned version is
+skipped), resumable (Go's build cache keeps finished packages; binaries are moved into bin/
+only once linked) and serialized by a file lock, so a CLI build and a test session can race.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from string import Template
+
+# Pinned releases. kwok v0.8.0 is built against k8s.io/client-go v0.36 and knows the 1.36
+# component flags; etcd 3.6 is the series Kubernetes 1.36 itself depends on.
+K8S_VERSION = "v1.36.3"
+ETCD_VERSION = "v3.6.16"
+KWOK_VERSION = "v0.8.0"
+
+# Go's build cache makes an interrupted build resume where it stopped; these flags keep the
+# binaries small and avoid a C toolchain (static binaries, no cgo).
+_BUILD_FLAGS = ("-trimpath",)
+_STRIP = "-s -w"
+
+
+class GoToolchainMissingError(RuntimeError):
+    """No `go` on PATH: the binaries cannot be built here."""
+
+
+class BuildError(RuntimeError):
+    """A Go command failed; the message carries the tail of its output."""
+
+
+@dataclass(frozen=True)
+class Binary:
+    name: str
+    version_args: tuple[str, ...]
+    # Substring of the version output that proves the binary is the pinned release.
+    expect: str
+
+
+@dataclass(frozen=True)
+class Group:
+    """Binaries built by one Go invocation from one module."""
+
+    name: str
+    module: str
+    version: str
+    packages: tuple[str, ...]
+    binaries: tuple[Binary, ...]
+    template: str | None  # wrapper go.mod template; None means `go install pkg@version`
+
+
+_K8S_MINOR = K8S_VERSION.lstrip("v").split(".")[1]
+GROUPS: tuple[Group, ...] = (
+    Group(
+        name="etcd",
+        module="go.etcd.io/etcd/server/v3",
+        version=ETCD_VERSION,
+        packages=("go.etcd.io/etcd/server/v3",),
+        binaries=(Binary("etcd", ("--version",), f"etcd Version: {ETCD_VERSION.lstrip('v')}"),),
+        template="etcd.go.mod.tmpl",
+    ),
+    Group(
+        name="kwok",
+        module="sigs.k8s.io/kwok",
+        version=KWOK_VERSION,
+        packages=("sigs.k8s.io/kwok/cmd/kwok", "sigs.k8s.io/kwok/cmd/kwokctl"),
+        binaries=(
+            Binary("kwok", ("--version",), KWOK_VERSION.lstrip("v")),
+            Binary("kwokctl", ("--version",), KWOK_VERSION.lstrip("v")),
+        ),
+        template=None,
+    ),
+    Group(
+        name="kubernetes",
+        module="k8s.io/kubernetes",
+        version=K8S_VERSION,
+        packages=tuple(
+            f"k8s.io/kubernetes/cmd/{cmd}"
+            for cmd in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+        ),
+        binaries=(
+            *(
+                Binary(name, ("--version",), f"Kubernetes {K8S_VERSION}")
+                for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+            ),
+            Binary("kubectl", ("version", "--client"), f"Client Version: {K8S_VERSION}"),
+        ),
+        template="kubernetes.go.mod.tmpl",
+    ),
+)
+
+BINARY_NAMES: tuple[str, ...] = tuple(b.name for g in GROUPS for b in g.binaries)
+
+
+def cache_root() -> Path:
+    override = os.environ.get("SAILPLAN_CACHE")
+    return Path(override).expanduser() if override else Path.home() / ".cache" / "sailplan"
+
+
+def bin_dir(root: Path | None = None) -> Path:
+    return (root or cache_root()) / "k8s" / K8S_VERSION / "bin"
+
+
+def binary_path(name: str, root: Path | None = None) -> Path:
+    return bin_dir(root) / name
+
+
+def missing_binaries(root: Path | None = None) -> list[str]:
+    """Names of binaries that are not in the cache (cheap: no version check)."""
+    return [n for n in BINARY_NAMES if not os.access(binary_path(n, root), os.X_OK)]
+
+
+def go_available() -> bool:
+    return shutil.which("go") is not None
+
+
+def go_env(root: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        GOMODCACHE=str(root / "go" / "mod"),
+        GOCACHE=str(root / "go" / "build"),
+        # -modcacherw: the module cache stays deletable with rm -rf.
+        GOFLAGS="-buildvcs=false -modcacherw",
+        CGO_ENABLED="0",
+        # Never fetch another toolchain behind the user's back; a too-old Go fails clearly.
+        GOTOOLCHAIN="local",
+    )
+    return env
+
+
+def local_replaces(gomod: str, version: str) -> list[str]:
+    """Replace lines pinning every module the upstream go.mod maps to a local directory.
+
+    Upstream `k8s.io/api => ./staging/src/k8s.io/api` becomes `k8s.io/api => k8s.io/api
+    v0.36.3` (staging modules are published as v0.<minor>.<patch>); etcd's `../api` siblings
+    keep the etcd version. Targets that are not real modules (etcd's FORBIDDEN_DEPENDENCY
+    guards) are dropped.
+    """
+    lines: list[str] = []
+    for module, target in re.findall(
+        r"^\s*(?:replace\s+)?(\S+)\s+=>\s+(\.{1,2}/\S+)\s*$", gomod, re.M
+    ):
+        if "FORBIDDEN" in target:
+            continue
+        lines.append(f"\t{module} => {module} {version}")
+    return sorted(set(lines))
+
+
+def _staging_version(k8s_version: str) -> str:
+    major_minor_patch = k8s_version.lstrip("v").split(".")
+    return f"v0.{major_minor_patch[1]}.{major_minor_patch[2]}"
+
+
+def _go_directive(gomod: str) -> str:
+    match = re.search(r"^go\s+(\S+)\s*$", gomod, re.M)
+    if match is None:
+        raise BuildError("upstream go.mod has no go directive")
+    return match.group(1)
+
+
+def render_wrapper(group: Group, upstream_gomod: str) -> str:
+    assert group.template is not None
+    template = resources.files(__package__).joinpath("gomod", group.template).read_text()
+    replace_version = (
+        _staging_version(group.version) if group.module == "k8s.io/kubernetes" else group.version
+    )
+    return Template(template).substitute(
+        GO_DIRECTIVE=_go_directive(upstream_gomod),
+        VERSION=group.version,
+        TOOLS="\n".join(f"\t{p}" for p in group.packages),
+        REPLACES="\n".join(local_replaces(upstream_gomod, replace_version)),
+    )
+
+
+def _k8s_ldflags(build_date: str) -> str:
+    # What hack/lib/version.sh injects: without it the binaries report v0.0.0 and the API
+    # server's compatibility-version checks and kwokctl's version detection misbehave.
+    values = {
+        "gitVersion": K8S_VERSION,
+        "gitMajor": "1",
+        "gitMinor": _K8S_MINOR,
+        "gitTreeState": "clean",
+        "buildDate": build_date,
+    }
+    flags = [
+        f"-X {pkg}.{key}={value}"
+        for pkg in ("k8s.io/client-go/pkg/version", "k8s.io/component-base/version")
+        for key, value in values.items()
+    ]
+    return " ".join([_STRIP, *flags])
+
+
+def _run(args: list[str], cwd: Path, env: dict[str, str]) -> str:
+    proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
+        raise BuildError(f"`{' '.join(args[:3])} ...` failed in {cwd}:\n{tail}")
+    return proc.stdout
+
+
+def _module_info(module: str, version: str, cwd: Path, env: dict[str, str]) -> dict[str, str]:
+    out = _run(["go", "mod", "download", "-json", f"{module}@{version}"], cwd, env)
+    info: dict[str, str] = json.loads(out)
+    return info
+
+
+def verify(binary: Binary, root: Path) -> bool:
+    path = binary_path(binary.name, root)
+    if not os.access(path, os.X_OK):
+        return False
+    try:
+        proc = subprocess.run(
+            [str(path), *binary.version_args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return binary.expect in proc.stdout + proc.stderr
+
+
+@contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Exclusive advisory lock on `path` (created), released on exit or process death."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _build_group(group: Group, root: Path, env: dict[str, str], jobs: int) -> None:
+    out_dir = bin_dir(root)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{group.name}-") as tmp:
+        staging = Path(tmp)
+        if group.template is None:
+            _run(
+                [
+                    "go",
+                    "install",
+                    *_BUILD_FLAGS,
+                    f"-p={jobs}",
+                    f"-ldflags={_STRIP}",
+                    *(f"{p}@{group.version}" for p in group.packages),
+                ],
+                staging,
+                {**env, "GOBIN": str(staging)},
+            )
+        else:
+            src = root / "k8s" / K8S_VERSION / "src" / group.name
+            src.mkdir(parents=True, exist_ok=True)
+            info = _module_info(group.module, group.version, src, env)
+            wrapper = render_wrapper(group, Path(info["GoMod"]).read_text())
+            gomod = src / "go.mod"
+            if not gomod.exists() or gomod.read_text() != wrapper:
+                gomod.write_text(wrapper)
+                (src / "go.sum").unlink(missing_ok=True)
+            _run(["go", "mod", "tidy"], src, env)
+            if group.module == "k8s.io/kubernetes":
+                ldflags = _k8s_ldflags(info.get("Time", "1970-01-01T00:00:00Z")[:19] + "Z")
+            else:
+                ldflags = _STRIP
+            # One package: -o names the file (etcd's package path ends in "v3"); several:
+            # -o is a directory and each binary takes its command's name.
+            target = staging / group.binaries[0].name if len(group.packages) == 1 else staging
+            _run(
+                [
+                    "go",
+                    "build",
+                    *_BUILD_FLAGS,
+                    f"-p={jobs}",
+                    f"-ldflags={ldflags}",
+                    "-o",
+                    f"{target}{os.sep if target == staging else ''}",
+                    *group.packages,
+                ],
+                src,
+                env,
+            )
+        for binary in group.binaries:
+            os.replace(staging / binary.name, out_dir / binary.name)
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    group: str
+    built: bool
+    seconds: float
+
+
+def build(
+    root: Path | None = None,
+    log: Callable[[str], None] = print,
+    jobs: int | None = None,
+) -> list[GroupResult]:
+    """Build every missing or wrong-version binary; returns what was done and how long."""
+    if not go_available():
+        raise GoToolchainMissingError("the Go toolchain (`go`) is not on PATH")
+    root = root or cache_root()
+    env = go_env(root)
+    jobs = jobs or max(1, os.cpu_count() or 1)
+    results: list[GroupResult] = []
+    with file_lock(root / "k8s" / K8S_VERSION / "build.lock"):
+        for group in GROUPS:
+            start = time.monotonic()
+            if all(verify(b, root) for b in group.binaries):
+                results.append(GroupResult(group.name, False, time.monotonic() - start))
+                log(f"{group.name} {group.version}: up to date")
+                continue
+            log(
+                f"{group.name} {group.version}: building {', '.join(b.name for b in group.binaries)}"
+            )
+            _build_group(group, root, env, jobs)
+            bad = [b.name for b in group.binaries if not verify(b, root)]
+            if bad:
+                raise BuildError(
+                    f"built {', '.join(bad)} but --version does not say {group.version}"
+                )
+            seconds = time.monotonic() - start
+            results.append(GroupResult(group.name, True, seconds))
+            log(f"{group.name} {group.version}: built in {seconds:.0f}s")
+    return results

@@ -1,0 +1,1045 @@
+"""PodRunner: plays the kubelet for a few nodes, running their pods as local processes.
+
+kwok's fake nodes run nothing. End-to-end tests (and `sailplan demo --preempt`) need the
+real trainer processes for the pods the real operator creates and the real kube-scheduler
+binds, so this runner takes over nodes that kwok does not manage (label
+nodes.MANAGER_LABEL=RUNNER_AGENT, which kwok's selector excludes) and, per node, like a
+kubelet:
+
+- keeps the node Ready: a Lease in kube-node-lease and the Ready condition are renewed
+  every `heartbeat_s`, so the node lifecycle controller does not mark it NotReady;
+- watches the pods bound to it (`spec.nodeName`), materializes their volumes under a
+  per-pod directory, builds the first container's environment and argv
+  (podrunner_pod), starts it in its own process group with stdout/stderr in a per-pod
+  log, and reports Running, then Succeeded/Failed with the exit code (podrunner_status);
+- re-renders downward API files when the pod's labels or annotations change;
+- on graceful deletion sends SIGTERM, waits up to the grace period, SIGKILLs the process
+  group, then deletes the pod object with grace 0 (what the kubelet's status manager does).
+
+Node loss for tests: preempt_node (GKE spot preemption: SIGTERM, short grace, pods Failed
+with DisruptionTarget/TerminationByKubelet, node gone) and kill_node (abrupt: SIGKILL, no
+more status from this node, node NotReady then gone; the control plane's pod GC cleans up).
+
+Every process is killed on close() and at interpreter exit: no orphans after a failed test.
+The API calls run on background threads (one pod watch and one heartbeat per node, one
+waiter per process); state is guarded by one lock per pod plus one for the tables.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import yaml
+from kubernetes import client, watch
+from urllib3.exceptions import HTTPError as Urllib3Error
+
+from . import podrunner_pod as podspec
+from . import podrunner_status as podstatus
+from .kubeconfig import api_client
+from .nodes import MANAGER_LABEL, NodePool, node_manifest
+
+log = logging.getLogger(__name__)
+
+# Value of nodes.MANAGER_LABEL on the nodes this runner plays the kubelet for.
+RUNNER_AGENT = "podrunner"
+LEASE_NAMESPACE = "kube-node-lease"
+LEASE_DURATION_S = 40  # the kubelet's default
+# Env vars holding a port the process listens on: a fresh free port per pod, since all pods
+# share 127.0.0.1 (the trainer's Prometheus port; "0" keeps it disabled).
+DEFAULT_PORT_ENV = ("SAILPLAN_METRICS_PORT",)
+_TERMINAL = ("Succeeded", "Failed")
+_ADDRESS_FIELDS = ("hostIP", "hostIPs", "podIP", "podIPs")
+PREEMPTION_MESSAGE = "Pod was terminated in response to imminent node shutdown."
+
+
+def runner_node_manifest(pool: NodePool, zone: str, index: int) -> dict[str, Any]:
+    """A GKE-like Node (nodes.node_manifest) that kwok leaves to this runner."""
+    manifest = node_manifest(pool, zone, index)
+    manifest["metadata"]["labels"][MANAGER_LABEL] = RUNNER_AGENT
+    return manifest
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _micro_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _write_atomic(path: Path, content: bytes, mode: int) -> None:
+    # Readers (the trainer polling its annotations file) never see a half-written file.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(content)
+    tmp.chmod(mode)
+    os.replace(tmp, path)
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+class _ApiSources:
+    """podspec.Sources over the API server (raw JSON, camelCase like the pod)."""
+
+    def __init__(self, core: Any) -> None:
+        self.core = core
+
+    def _read(self, call: Callable[..., Any], namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            response = call(name, namespace, _preload_content=False)
+        except client.ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        data: dict[str, Any] = json.loads(response.data)
+        return data
+
+    def config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._read(self.core.read_namespaced_config_map, namespace, name)
+
+    def secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._read(self.core.read_namespaced_secret, namespace, name)
+
+    def service_account_token(
+        self, pod: Mapping[str, Any], audience: str | None, expiration_seconds: int
+    ) -> str:
+        metadata = podspec.meta(pod)
+        spec: dict[str, Any] = {
+            "expirationSeconds": expiration_seconds,
+            # Bound to the pod, as the kubelet asks: the token dies with the pod object.
+            "boundObjectRef": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": metadata["name"],
+                "uid": metadata["uid"],
+            },
+        }
+        if audience:
+            spec["audiences"] = [audience]
+        account = (pod.get("spec") or {}).get("serviceAccountName") or "default"
+        response = self.core.create_namespaced_service_account_token(
+            account, metadata["namespace"], {"spec": spec}
+        )
+        token: str = response.status.token
+        return token
+
+
+@dataclass
+class _Pod:
+    """One pod this runner plays the kubelet for."""
+
+    uid: str
+    node: str
+    pod: dict[str, Any]
+    directory: Path
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    volume_dirs: dict[str, Path] = field(default_factory=dict)
+    tracked_volumes: tuple[str, ...] = ()  # volumes rendered from labels/annotations
+    process: subprocess.Popen[bytes] | None = None
+    container_id: str = ""
+    start_time: str = ""
+    started_at: str = ""
+    restarts: int = 0
+    last_state: dict[str, Any] | None = None
+    ports: dict[str, int] = field(default_factory=dict)
+    deleting: bool = False
+    disruption: podstatus.Disruption | None = None
+    abandoned: bool = False  # the node died: nobody reports this pod's status any more
+    finished: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def key(self) -> str:
+        return podspec.key(self.pod)
+
+
+class _NodeAgent:
+    """The per-node half of a kubelet: heartbeat and the pod watch, on two threads."""
+
+    def __init__(self, runner: PodRunner, name: str) -> None:
+        self.runner, self.name = runner, name
+        self.stopped = threading.Event()
+        # Set while the node shuts down: it no longer claims to be Ready.
+        self.shutting_down = threading.Event()
+        self._ready_since = _now()
+        self._threads = [
+            threading.Thread(target=self._heartbeat, name=f"heartbeat-{name}", daemon=True),
+            threading.Thread(target=self._watch, name=f"podwatch-{name}", daemon=True),
+        ]
+
+    def start(self) -> None:
+        self.beat()
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    # -- heartbeat ---------------------------------------------------------------------------
+
+    def beat(self) -> None:
+        core = self.runner.core
+        coordination: Any = client.CoordinationV1Api(self.runner.api)
+        now = _now()
+        conditions = [
+            {
+                "type": kind,
+                "status": "False",
+                "reason": f"KubeletHas{reason}",
+                "message": message,
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": self._ready_since,
+            }
+            for kind, reason, message in (
+                ("MemoryPressure", "SufficientMemory", "kubelet has sufficient memory available"),
+                ("DiskPressure", "NoDiskPressure", "kubelet has no disk pressure"),
+                ("PIDPressure", "SufficientPID", "kubelet has sufficient PID available"),
+            )
+        ]
+        conditions.append(
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "KubeletReady",
+                "message": "sailplan pod runner is posting ready status",
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": self._ready_since,
+            }
+        )
+        node = core.patch_node_status(self.name, {"status": {"conditions": conditions}})
+        lease = {
+            "metadata": {
+                "name": self.name,
+                "namespace": LEASE_NAMESPACE,
+                # The garbage collector removes the lease with the node, as for a kubelet's.
+                "ownerReferences": [
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Node",
+                        "name": self.name,
+                        "uid": node.metadata.uid,
+                    }
+                ],
+            },
+            "spec": {
+                "holderIdentity": self.name,
+                "leaseDurationSeconds": LEASE_DURATION_S,
+                "renewTime": _micro_now(),
+            },
+        }
+        try:
+            coordination.patch_namespaced_lease(self.name, LEASE_NAMESPACE, lease)
+        except client.ApiException as error:
+            if error.status != 404:
+                raise
+            coordination.create_namespaced_lease(LEASE_NAMESPACE, lease)
+
+    def _heartbeat(self) -> None:
+        while not self.stopped.wait(self.runner.heartbeat_s):
+            if self.shutting_down.is_set():
+                continue
+            try:
+                self.beat()
+            except client.ApiException as error:
+                if error.status == 404 and not self.stopped.is_set():
+                    # Deleted from outside (kubectl delete node): the machine is gone.
+                    log.warning("node %s was deleted: its processes are killed", self.name)
+                    self.runner._lose_node(self.name)
+                    return
+                self._retry_later(f"heartbeat failed: {error.reason}")
+            except (Urllib3Error, OSError) as error:
+                self._retry_later(f"heartbeat failed: {error}")
+
+    # -- pod watch -----------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        core = self.runner.core
+        selector = f"spec.nodeName={self.name}"
+        version: str | None = None
+        while not self.stopped.is_set():
+            try:
+                if version is None:
+                    response = core.list_pod_for_all_namespaces(
+                        field_selector=selector, _preload_content=False
+                    )
+                    listed = json.loads(response.data)
+                    version = listed["metadata"]["resourceVersion"]
+                    self.runner._resync(self, listed["items"])
+                stream: Any = watch.Watch()  # type: ignore[no-untyped-call]
+                for event in stream.stream(
+                    core.list_pod_for_all_namespaces,
+                    field_selector=selector,
+                    resource_version=version,
+                    allow_watch_bookmarks=True,
+                    # Short server-side timeout: a stopped agent's thread ends within it.
+                    timeout_seconds=10,
+                    _request_timeout=30,
+                ):
+                    version = stream.resource_version
+                    if self.stopped.is_set():
+                        stream.stop()
+                        break
+                    if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                        self.runner._on_event(self, event["type"], event["raw_object"])
+            except client.ApiException as error:
+                if error.status == 410:  # too old a resourceVersion: list again
+                    version = None
+                    continue
+                self._retry_later(f"pod watch: {error.reason}")
+            except (Urllib3Error, OSError, ValueError) as error:
+                self._retry_later(f"pod watch: {error}")
+
+    def _retry_later(self, problem: str) -> None:
+        # A stopped agent's connection may die with the cluster at teardown: not worth a word.
+        if not self.stopped.is_set():
+            log.warning("node %s: %s", self.name, problem)
+            self.stopped.wait(1.0)
+
+
+class PodRunner:
+    """Runs the pods bound to the nodes it manages as local processes; see the module doc."""
+
+    def __init__(
+        self,
+        api: Any,
+        workdir: Path,
+        *,
+        entrypoints: Mapping[str, Iterable[str]] | None = None,
+        env: Mapping[str, str] | None = None,
+        port_env: Iterable[str] = DEFAULT_PORT_ENV,
+        rewrite_config_files: bool = True,
+        heartbeat_s: float = 10.0,
+        retry_s: float = 2.0,
+    ) -> None:
+        """`api`: kubernetes ApiClient; `workdir`: where pod directories, logs and the
+        shared (PVC/hostPath) directories go; `entrypoints`: image -> entrypoint argv for
+        containers without `command`; `env`: defaults for every process (the image's ENV;
+        the pod's env wins over them)."""
+        self.api = api
+        # Any: the client's annotations are partial (raw responses, dict bodies).
+        self.core: Any = client.CoreV1Api(api)
+        self.workdir = Path(workdir)
+        self.entrypoints = {k: tuple(v) for k, v in (entrypoints or {}).items()}
+        self.env = dict(env or {})
+        self.port_env = tuple(port_env)
+        self.rewrite_config_files = rewrite_config_files
+        self.heartbeat_s = heartbeat_s
+        self.retry_s = retry_s
+        self._sources = _ApiSources(self.core)
+        self._lock = threading.Lock()
+        self._agents: dict[str, _NodeAgent] = {}
+        self._pods: dict[str, _Pod] = {}
+        self._volumes: list[str] = []  # PersistentVolumes made by provision_claim
+        self._closed = False
+        atexit.register(self.close)
+
+    @classmethod
+    def from_kubeconfig(cls, kubeconfig: Path, workdir: Path, **options: Any) -> PodRunner:
+        return cls(api_client(kubeconfig), workdir, **options)
+
+    def __enter__(self) -> PodRunner:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # ---- nodes -------------------------------------------------------------------------------
+
+    def add_node(self, manifest: Mapping[str, Any], timeout_s: float = 30.0) -> str:
+        """Create a Node (e.g. runner_node_manifest(...)), run it, wait until schedulable."""
+        body = json.loads(json.dumps(manifest))
+        body["metadata"].setdefault("labels", {})[MANAGER_LABEL] = RUNNER_AGENT
+        name: str = body["metadata"]["name"]
+        self.core.create_node(body)
+        status = {
+            **(body.get("status") or {}),
+            "addresses": [
+                {"type": "InternalIP", "address": podspec.POD_IP},
+                {"type": "Hostname", "address": name},
+            ],
+            "nodeInfo": {
+                "architecture": "amd64",
+                "operatingSystem": "linux",
+                "kubeletVersion": "sailplan-podrunner",
+                "kubeProxyVersion": "",
+                "containerRuntimeVersion": "podrunner://local-process",
+                "osImage": "local processes",
+                "kernelVersion": os.uname().release,
+                "machineID": "",
+                "systemUUID": "",
+                "bootID": "",
+            },
+        }
+        self.core.patch_node_status(name, {"status": status})
+        self._start_agent(name)
+        self._wait_schedulable(name, timeout_s)
+        return name
+
+    def take_over(self, name: str, timeout_s: float = 30.0) -> None:
+        """Play the kubelet for an existing node (kwok lets go of it on relabelling)."""
+        self.core.patch_node(name, {"metadata": {"labels": {MANAGER_LABEL: RUNNER_AGENT}}})
+        self._start_agent(name)
+        self._wait_schedulable(name, timeout_s)
+
+    def adopt(self, label_selector: str, timeout_s: float = 30.0) -> list[str]:
+        """take_over every node matching the selector (e.g. a GKE node pool's label)."""
+        names = sorted(
+            n.metadata.name for n in self.core.list_node(label_selector=label_selector).items
+        )
+        for name in names:
+            self.take_over(name, timeout_s)
+        return names
+
+    def nodes(self) -> list[str]:
+        with self._lock:
+            return sorted(self._agents)
+
+    def preempt_node(self, name: str, grace_s: float = 30.0, delete: bool = True) -> list[str]:
+        """A GKE spot preemption of node `name`; returns the affected pods (namespace/name).
+
+        As the kubelet's graceful node shutdown does: the node turns NotReady, every running
+        process gets SIGTERM and up to `grace_s` (GKE gives spot VMs 30 s), then SIGKILL; each
+        pod ends Failed with its exit code and condition DisruptionTarget
+        (TerminationByKubelet). Then the node is deleted (the VM is gone) or, with
+        delete=False, left NotReady.
+        """
+        agent = self._agent(name)
+        agent.shutting_down.set()
+        self._set_node_not_ready(name, "KubeletNotReady", "node is shutting down")
+        pods = self._pods_on(name)
+        disruption = podstatus.Disruption("TerminationByKubelet", PREEMPTION_MESSAGE)
+        for entry in pods:
+            with entry.lock:
+                entry.disruption = disruption
+                if entry.process is not None and entry.process.poll() is None:
+                    entry.process.send_signal(signal.SIGTERM)
+                elif not entry.finished.is_set():
+                    # Never started (waiting for a ConfigMap): no process to stop.
+                    self._report_terminal(entry, exit_code=137, message="never started")
+        self._stop_pods(pods, grace_s)
+        agent.stop()
+        with self._lock:
+            self._agents.pop(name, None)
+        notified = {entry.uid for entry in pods}
+        for entry in self._pods_on(name):
+            if entry.uid not in notified:  # bound during the grace period: the VM is gone now
+                self._abandon(entry)
+        if delete:
+            self.core.delete_node(name)
+        return [entry.key for entry in pods]
+
+    def kill_node(self, name: str, delete: bool = True) -> list[str]:
+        """Abrupt node loss: its processes die at once and nobody reports their pods' status.
+
+        The node turns NotReady (what the node lifecycle controller concludes once the
+        heartbeats stop, without waiting for its grace period) and is deleted unless
+        delete=False; the control plane's pod garbage collector then fails and removes the
+        orphaned pods, as on a real cluster. Returns the pods that were running there.
+        """
+        self._agent(name)  # a KeyError for a node this runner does not play
+        pods = self._lose_node(name)
+        self._set_node_not_ready(name, "NodeStatusUnknown", "Kubelet stopped posting node status.")
+        if delete:
+            self.core.delete_node(name)
+        return [entry.key for entry in pods]
+
+    # ---- pods --------------------------------------------------------------------------------
+
+    def provision_claim(
+        self, namespace: str, claim: str, size: str = "10Gi", timeout_s: float = 30.0
+    ) -> Path:
+        """A Bound PersistentVolumeClaim backed by this runner's shared directory for it.
+
+        The scheduler only places a pod whose claims are bound, and there is no storage
+        provisioner here: this creates a PV (hostPath, storage class "") pre-bound to the
+        claim and waits for the PV controller to bind them. Returns the local directory the
+        pods of that claim share.
+        """
+        directory = self.workdir / "shared" / "pvc" / namespace / claim
+        directory.mkdir(parents=True, exist_ok=True)
+        pv_name = f"podrunner-{namespace}-{claim}"[:253]
+        with self._lock:
+            self._volumes.append(pv_name)
+        self.core.create_persistent_volume(
+            {
+                "metadata": {"name": pv_name, "labels": {MANAGER_LABEL: RUNNER_AGENT}},
+                "spec": {
+                    "capacity": {"storage": size},
+                    "accessModes": ["ReadWriteMany"],
+                    # close() deletes it; the data stays in the workdir.
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "storageClassName": "",
+                    "hostPath": {"path": str(directory)},
+                    "claimRef": {"namespace": namespace, "name": claim},
+                },
+            }
+        )
+        self.core.create_namespaced_persistent_volume_claim(
+            namespace,
+            {
+                "metadata": {"name": claim},
+                "spec": {
+                    "accessModes": ["ReadWriteMany"],
+                    "storageClassName": "",
+                    "volumeName": pv_name,
+                    "resources": {"requests": {"storage": size}},
+                },
+            },
+        )
+        deadline = time.monotonic() + timeout_s
+        while self.core.read_namespaced_persistent_volume_claim(claim, namespace).status.phase != (
+            "Bound"
+        ):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"claim {namespace}/{claim} not bound after {timeout_s:.0f}s")
+            time.sleep(0.2)
+        return directory
+
+    def pod_dir(self, namespace: str, name: str) -> Path:
+        """The newest local directory of pod namespace/name (volumes/, the container log)."""
+        with self._lock:
+            matches = [p for p in self._pods.values() if p.key == f"{namespace}/{name}"]
+        if matches:
+            return matches[-1].directory
+        raise KeyError(f"pod {namespace}/{name} was not run by this runner")
+
+    def log_path(self, namespace: str, name: str) -> Path:
+        directory = self.pod_dir(namespace, name)
+        logs = sorted(directory.glob("*.log"))
+        if not logs:
+            raise KeyError(f"pod {namespace}/{name} has no log yet")
+        return logs[0]
+
+    def ports(self, namespace: str, name: str) -> dict[str, int]:
+        """The ports given to the pod's port env vars (e.g. where its metrics are served)."""
+        with self._lock:
+            matches = [p for p in self._pods.values() if p.key == f"{namespace}/{name}"]
+        return dict(matches[-1].ports) if matches else {}
+
+    def close(self, grace_s: float = 5.0) -> None:
+        """Stop every node agent and every process (SIGTERM, then SIGKILL after grace_s),
+        and delete the PersistentVolumes of provision_claim. Pod statuses are not written:
+        the runner's nodes are considered gone."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            agents, pods = list(self._agents.values()), list(self._pods.values())
+        for agent in agents:
+            agent.stop()
+        for entry in pods:
+            with entry.lock:
+                entry.abandoned = True
+                if entry.process is not None and entry.process.poll() is None:
+                    entry.process.send_signal(signal.SIGTERM)
+        self._stop_pods(pods, grace_s)
+        for volume in self._volumes:
+            # Best effort: at interpreter exit the API server may be gone already.
+            with contextlib.suppress(client.ApiException, Urllib3Error, OSError):
+                self.core.delete_persistent_volume(volume, _request_timeout=5)
+        atexit.unregister(self.close)
+
+    # ---- internals: nodes ----------------------------------------------------------------------
+
+    def _lose_node(self, name: str) -> list[_Pod]:
+        """Stop playing node `name` and SIGKILL its processes, reporting nothing."""
+        with self._lock:
+            agent = self._agents.pop(name, None)
+        if agent is not None:
+            agent.stop()
+        pods = self._pods_on(name)
+        for entry in pods:
+            self._abandon(entry)
+        return pods
+
+    def _agent(self, name: str) -> _NodeAgent:
+        with self._lock:
+            agent = self._agents.get(name)
+        if agent is None:
+            raise KeyError(f"node {name} is not run by this pod runner")
+        return agent
+
+    def _start_agent(self, name: str) -> None:
+        agent = _NodeAgent(self, name)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("pod runner is closed")
+            self._agents[name] = agent
+        agent.start()
+
+    def _wait_schedulable(self, name: str, timeout_s: float) -> None:
+        # The API server taints a new node not-ready until the node lifecycle controller has
+        # seen it Ready; a pod created before that would stay Pending for a scheduler retry.
+        deadline = time.monotonic() + timeout_s
+        while True:
+            node = self.core.read_node(name)
+            taints = [t.key for t in node.spec.taints or ()]
+            ready = any(
+                c.type == "Ready" and c.status == "True" for c in node.status.conditions or ()
+            )
+            if ready and "node.kubernetes.io/not-ready" not in taints:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"node {name} not schedulable after {timeout_s:.0f}s")
+            time.sleep(0.2)
+
+    def _set_node_not_ready(self, name: str, reason: str, message: str) -> None:
+        now = _now()
+        status = "False" if reason == "KubeletNotReady" else "Unknown"
+        condition = {
+            "type": "Ready",
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": now,
+        }
+        self.core.patch_node_status(name, {"status": {"conditions": [condition]}})
+
+    # ---- internals: pod events -----------------------------------------------------------------
+
+    def _pods_on(self, node: str) -> list[_Pod]:
+        with self._lock:
+            return [p for p in self._pods.values() if p.node == node]
+
+    def _resync(self, agent: _NodeAgent, pods: list[dict[str, Any]]) -> None:
+        """After a (re)list: handle every listed pod, forget the ones that vanished."""
+        listed = {podspec.meta(p)["uid"] for p in pods}
+        for entry in self._pods_on(agent.name):
+            if entry.uid not in listed:
+                self._on_event(agent, "DELETED", entry.pod)
+        for pod in pods:
+            self._on_event(agent, "MODIFIED", pod)
+
+    def _on_event(self, agent: _NodeAgent, kind: str, pod: dict[str, Any]) -> None:
+        if agent.stopped.is_set():
+            return
+        metadata = podspec.meta(pod)
+        phase = (pod.get("status") or {}).get("phase", "Pending")
+        with self._lock:
+            if self._closed:
+                return
+            entry = self._pods.get(metadata["uid"])
+            new = entry is None and kind != "DELETED" and phase not in _TERMINAL
+            if new:
+                directory = (
+                    self.workdir
+                    / "pods"
+                    / (f"{metadata['namespace']}_{metadata['name']}_{metadata['uid'][:8]}")
+                )
+                entry = _Pod(uid=metadata["uid"], node=agent.name, pod=pod, directory=directory)
+                self._pods[entry.uid] = entry
+        if entry is None:
+            # Finished before this runner saw it: only a pending deletion is left to do.
+            if kind != "DELETED" and metadata.get("deletionTimestamp"):
+                self._finalize_delete(pod)
+            return
+        if kind == "DELETED":
+            self._forget(entry)
+            return
+        with entry.lock:
+            old, entry.pod = entry.pod, pod
+            if new and phase == "Running":
+                # Started before this runner took the node over: its container is not here.
+                # A kubelet that lost a container's state reports it the same way.
+                entry.start_time = (pod.get("status") or {}).get("startTime") or _now()
+                self._report_terminal(
+                    entry,
+                    exit_code=137,
+                    message="The container could not be located when the pod was terminated",
+                    reason="ContainerStatusUnknown",
+                )
+            elif new:
+                self._start(entry)
+            elif podspec.metadata_changed(old, pod):
+                self._refresh_metadata_volumes(entry)
+            if metadata.get("deletionTimestamp") and not entry.deleting:
+                entry.deleting = True
+                threading.Thread(
+                    target=self._terminate, args=(entry,), name="terminate", daemon=True
+                ).start()
+
+    def _forget(self, entry: _Pod) -> None:
+        with self._lock:
+            self._pods.pop(entry.uid, None)
+        # Force-deleted while running: nothing will report it, stop it at once.
+        self._abandon(entry)
+
+    @staticmethod
+    def _abandon(entry: _Pod) -> None:
+        """SIGKILL the pod's process group; its status is no longer reported."""
+        with entry.lock:
+            entry.abandoned = True
+            if entry.process is not None and entry.process.poll() is None:
+                _signal_group(entry.process.pid, signal.SIGKILL)
+
+    # ---- internals: starting a pod ------------------------------------------------------------
+
+    def _start(self, entry: _Pod) -> None:
+        """Materialize volumes, build the launch and start the process (entry.lock held)."""
+        if entry.process is not None or entry.finished.is_set() or entry.deleting:
+            return
+        pod = entry.pod
+        entry.start_time = entry.start_time or _now()
+        try:
+            volumes = podspec.render_volumes(pod, self._sources)
+            allocatable = self._allocatable(entry.node)
+            spec = podspec.launch(pod, self._sources, self.entrypoints, allocatable)
+            services = self._service_names(podspec.meta(pod)["namespace"])
+        except (podspec.PodConfigError, client.ApiException, Urllib3Error, OSError) as error:
+            # Like the kubelet: report why the container waits, try again shortly.
+            reason, message = "ContainerCreating", str(error)
+            if isinstance(error, podspec.PodConfigError):
+                reason, message = error.reason, error.message
+            self._patch_status(
+                entry, podstatus.waiting_status(pod, reason, message, entry.start_time, _now())
+            )
+            timer = threading.Timer(self.retry_s, self._retry, args=(entry,))
+            timer.daemon = True
+            timer.start()
+            return
+        self._materialize(entry, volumes)
+        mounts: dict[str, str] = {}
+        for mount in spec.mounts:
+            if mount.volume not in entry.volume_dirs:
+                continue
+            local_path = entry.volume_dirs[mount.volume] / mount.sub_path
+            if mount.sub_path and not local_path.exists():
+                local_path.mkdir(parents=True)  # the kubelet creates a missing subPath too
+            mounts[mount.mount_path] = str(local_path)
+        rewrite = podspec.path_rewriter(mounts)
+        if self.rewrite_config_files:
+            self._rewrite_config_files(entry, volumes, rewrite)
+        spec_pod = pod.get("spec") or {}
+        names = podspec.LocalNames(
+            namespace=podspec.meta(pod)["namespace"],
+            services=frozenset(services),
+            subdomain=spec_pod.get("subdomain", ""),
+        )
+
+        def local(text: str) -> str:
+            # Hosts first: the local directories must not be mistaken for DNS names.
+            return rewrite(podspec.localize_hosts(text, names))
+
+        argv = [local(a) for a in spec.argv]
+        hostname = spec_pod.get("hostname") or podspec.meta(pod)["name"]
+        env = self._process_env(entry, spec, hostname, mounts, local)
+        cwd = local(spec.working_dir) if spec.working_dir else str(entry.directory)
+        Path(cwd).mkdir(parents=True, exist_ok=True)
+        self._spawn(entry, spec.container, argv, env, cwd)
+
+    def _retry(self, entry: _Pod) -> None:
+        with entry.lock:
+            if not (self._closed or entry.abandoned or entry.deleting or entry.process):
+                self._start(entry)
+
+    def _allocatable(self, node: str) -> dict[str, str]:
+        try:
+            allocatable: dict[str, str] = self.core.read_node(node).status.allocatable or {}
+        except client.ApiException:
+            return {}
+        return allocatable
+
+    def _service_names(self, namespace: str) -> list[str]:
+        return [s.metadata.name for s in self.core.list_namespaced_service(namespace).items]
+
+    def _materialize(self, entry: _Pod, volumes: Iterable[podspec.Volume]) -> None:
+        root = entry.directory / "volumes"
+        tracked = []
+        for volume in volumes:
+            if volume.shared_key is not None:
+                directory = self.workdir / "shared" / volume.shared_key
+            else:
+                directory = root / volume.name
+            directory.mkdir(parents=True, exist_ok=True)
+            entry.volume_dirs[volume.name] = directory
+            self._write_files(directory, volume.files or ())
+            if volume.tracks_metadata:
+                tracked.append(volume.name)
+        entry.tracked_volumes = tuple(tracked)
+
+    @staticmethod
+    def _write_files(directory: Path, files: Iterable[podspec.VolumeFile]) -> None:
+        for item in files:
+            _write_atomic(directory / item.path, item.content, item.mode)
+
+    def _rewrite_config_files(
+        self, entry: _Pod, volumes: Iterable[podspec.Volume], rewrite: Callable[[str], str]
+    ) -> None:
+        # A ConfigMap may name mount paths (the trainer config's checkpoint_dir): the local
+        # process must find them where this runner put those volumes.
+        for volume in volumes:
+            if volume.source != "configMap":
+                continue
+            for item in volume.files or ():
+                try:
+                    text = item.content.decode()
+                except UnicodeDecodeError:
+                    continue
+                changed = rewrite(text)
+                if changed != text:
+                    path = entry.volume_dirs[volume.name] / item.path
+                    _write_atomic(path, changed.encode(), item.mode)
+
+    def _refresh_metadata_volumes(self, entry: _Pod) -> None:
+        """Re-render the downward API files that follow labels/annotations (entry.lock held)."""
+        wanted = set(entry.tracked_volumes)
+        for volume in (entry.pod.get("spec") or {}).get("volumes") or []:
+            if volume["name"] not in wanted:
+                continue
+            try:
+                rendered = podspec.render_volume(entry.pod, volume, self._sources)
+            except podspec.PodConfigError as error:
+                log.warning("%s: cannot refresh volume %s: %s", entry.key, volume["name"], error)
+                continue
+            self._write_files(entry.volume_dirs[volume["name"]], rendered.files or ())
+
+    def _process_env(
+        self,
+        entry: _Pod,
+        spec: podspec.Launch,
+        hostname: str,
+        mounts: Mapping[str, str],
+        local: Callable[[str], str],
+    ) -> dict[str, str]:
+        server = urlparse(self.api.configuration.host)
+        env = {
+            # What the image would provide: this machine's tools, the runner's Python first.
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+            "HOME": str(entry.directory),
+            "HOSTNAME": hostname,
+            **({"LANG": os.environ["LANG"]} if "LANG" in os.environ else {}),
+            **self.env,
+            # What the kubelet adds for the `kubernetes` Service: here, the API server itself.
+            "KUBERNETES_SERVICE_HOST": server.hostname or podspec.POD_IP,
+            "KUBERNETES_SERVICE_PORT": str(server.port or 443),
+        }
+        env.update(
+            {
+                name: value if name in spec.field_env else local(value)
+                for name, value in spec.env.items()
+            }
+        )
+        token_dir = mounts.get(podspec.SERVICE_ACCOUNT_MOUNT)
+        if token_dir is not None and "KUBECONFIG" not in env:
+            # The client libraries read the in-cluster token from a fixed path; a kubeconfig
+            # with the pod's own bound token is the local process's way to the same identity.
+            env["KUBECONFIG"] = str(self._pod_kubeconfig(entry, Path(token_dir)))
+        for name in self.port_env:
+            if env.get(name) != "0":
+                entry.ports[name] = _free_port()
+                env[name] = str(entry.ports[name])
+        return env
+
+    def _pod_kubeconfig(self, entry: _Pod, token_dir: Path) -> Path:
+        namespace = podspec.meta(entry.pod)["namespace"]
+        ca = token_dir / "ca.crt"
+        cluster: dict[str, Any] = {"server": self.api.configuration.host}
+        if ca.exists():
+            cluster["certificate-authority"] = str(ca)
+        else:
+            cluster["insecure-skip-tls-verify"] = True
+        token = (token_dir / "token").read_text() if (token_dir / "token").exists() else ""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "local", "cluster": cluster}],
+            "users": [{"name": "pod", "user": {"token": token}}],
+            "contexts": [
+                {
+                    "name": "pod",
+                    "context": {"cluster": "local", "user": "pod", "namespace": namespace},
+                }
+            ],
+            "current-context": "pod",
+        }
+        path = entry.directory / "kubeconfig"
+        _write_atomic(path, yaml.safe_dump(config).encode(), 0o600)
+        return path
+
+    def _spawn(
+        self, entry: _Pod, container: str, argv: list[str], env: dict[str, str], cwd: str
+    ) -> None:
+        log_file = entry.directory / f"{container or 'container'}.log"
+        entry.directory.mkdir(parents=True, exist_ok=True)
+        with log_file.open("ab") as out:
+            try:
+                # Own session = own process group: SIGKILL reaches the whole "container"
+                # (e.g. the trainer's per-rank children), as a cgroup kill would.
+                process = subprocess.Popen(
+                    argv,
+                    cwd=cwd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as error:
+                entry.started_at = _now()
+                # What the container runtime reports when the executable cannot be started.
+                self._report_terminal(entry, exit_code=128, message=str(error))
+                return
+        entry.process = process
+        entry.container_id = f"podrunner://{process.pid}"
+        entry.started_at = _now()
+        self._patch_status(
+            entry,
+            podstatus.running_status(
+                entry.pod,
+                container_id=entry.container_id,
+                started_at=entry.started_at,
+                start_time=entry.start_time,
+                restarts=entry.restarts,
+                last_state=entry.last_state,
+            ),
+        )
+        threading.Thread(
+            target=self._wait, args=(entry, process), name=f"wait-{process.pid}", daemon=True
+        ).start()
+
+    # ---- internals: process exit and pod deletion ----------------------------------------------
+
+    def _wait(self, entry: _Pod, process: subprocess.Popen[bytes]) -> None:
+        returncode = process.wait()
+        # The container ends with its main process: whatever it left behind goes too.
+        _signal_group(process.pid, signal.SIGKILL)
+        code = podstatus.exit_code(returncode)
+        with entry.lock:
+            if entry.abandoned:
+                entry.finished.set()
+                return
+            if (
+                not entry.deleting
+                and entry.disruption is None
+                and podstatus.restarts_after(entry.pod, code)
+            ):
+                entry.last_state = podstatus.terminated_state(
+                    code, entry.started_at, _now(), entry.container_id
+                )
+                entry.restarts += 1
+                entry.process = None
+                timer = threading.Timer(self.retry_s, self._retry, args=(entry,))
+                timer.daemon = True
+                timer.start()
+                return
+            self._report_terminal(entry, exit_code=code)
+
+    def _report_terminal(
+        self, entry: _Pod, *, exit_code: int, message: str = "", reason: str = ""
+    ) -> None:
+        with entry.lock:
+            if entry.finished.is_set():
+                return
+            status = podstatus.terminated_status(
+                entry.pod,
+                exit_code=exit_code,
+                container_id=entry.container_id,
+                started_at=entry.started_at or _now(),
+                finished_at=_now(),
+                start_time=entry.start_time or _now(),
+                restarts=entry.restarts,
+                message=message,
+                disruption=entry.disruption,
+                last_state=entry.last_state,
+            )
+            if reason:
+                status["containerStatuses"][0]["state"]["terminated"]["reason"] = reason
+            self._patch_status(entry, status)
+            entry.finished.set()
+            deleting = entry.deleting
+        if deleting:
+            self._finalize_delete(entry.pod)
+
+    def _terminate(self, entry: _Pod) -> None:
+        """Graceful deletion: SIGTERM, the grace period, SIGKILL, final status, delete."""
+        metadata, spec = podspec.meta(entry.pod), entry.pod.get("spec") or {}
+        grace = metadata.get("deletionGracePeriodSeconds")
+        if grace is None:
+            grace = spec.get("terminationGracePeriodSeconds", 30)
+        with entry.lock:
+            process = entry.process
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+            elif process is None and not entry.finished.is_set():
+                entry.finished.set()  # never started, or between restarts: nothing to stop
+            elif not entry.finished.is_set():
+                return  # exited just now: its waiter reports it and deletes the pod
+            done = entry.finished.is_set()
+        if done:
+            self._finalize_delete(entry.pod)
+            return
+        self._stop_pods([entry], float(grace))
+
+    def _stop_pods(self, pods: list[_Pod], grace_s: float) -> None:
+        """Wait up to grace_s for the pods' processes to end, then SIGKILL the rest."""
+        deadline = time.monotonic() + grace_s
+        for entry in pods:
+            process = entry.process
+            if process is None:
+                continue
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(process.pid, signal.SIGKILL)
+                process.wait()
+        for entry in pods:
+            if entry.process is not None:
+                # The waiter thread reports the status; wait for it so callers see it done.
+                entry.finished.wait(timeout=10.0)
+
+    def _finalize_delete(self, pod: Mapping[str, Any]) -> None:
+        metadata = podspec.meta(pod)
+        body = {"gracePeriodSeconds": 0, "preconditions": {"uid": metadata["uid"]}}
+        try:
+            self.core.delete_namespaced_pod(metadata["name"], metadata["namespace"], body=body)
+        except client.ApiException as error:
+            if error.status not in (404, 409):  # already gone, or a newer pod of that name
+                log.warning("delete of pod %s failed: %s", podspec.key(pod), error.reason)
+
+    def _patch_status(self, entry: _Pod, status: dict[str, Any]) -> None:
+        metadata = podspec.meta(entry.pod)
+        if (entry.pod.get("status") or {}).get("podIP"):
+            # A pod keeps the IPs it was given (podIPs merge by ip: a second one is invalid),
+            # e.g. the fake one kwok gave a pod before this runner took its node over.
+            status = {k: v for k, v in status.items() if k not in _ADDRESS_FIELDS}
+        try:
+            self.core.patch_namespaced_pod_status(
+                metadata["name"], metadata["namespace"], {"status": status}
+            )
+        except client.ApiException as error:
+            if error.status != 404:
+                log.warning("status of pod %s: %s %s", entry.key, error.reason, error.body)
+        except (Urllib3Error, OSError) as error:
+            log.warning("status of pod %s: %s", entry.key, error)
+
+
+def clear_workdir(workdir: Path) -> None:
+    """Remove a runner's pod and shared directories (for `sailplan demo` restarts)."""
+    shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,54 @@
+"""Prometheus metrics of the operator (served on --metrics-port, scraped via the Service).
+
+Counters for reconciles by kind and result and for planner outcomes, a histogram of
+planning time (the search can take seconds on big clusters, and that is what an operator
+of the operator wants to see first), and a gauge of worker pods by phase.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+RECONCILES = Counter(
+    "sailplan_reconciles",
+    "Reconcile passes by resource kind and result (ok, error)",
+    ["kind", "result"],
+    registry=REGISTRY,
+)
+PLANS = Counter(
+    "sailplan_plans",
+    "Planner runs by result (planned, infeasible, error)",
+    ["result"],
+    registry=REGISTRY,
+)
+PLANNING_SECONDS = Histogram(
+    "sailplan_planning_seconds",
+    "Wall time of one planner run",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+    registry=REGISTRY,
+)
+WORKER_PODS = Gauge(
+    "sailplan_worker_pods",
+    "Worker pods of all TrainingJobs by phase",
+    ["phase"],
+    registry=REGISTRY,
+)
+POD_PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")
+
+
+def publish_pod_phases(per_job: Iterable[Mapping[str, int]]) -> None:
+    """Set the gauge from per-job phase counts (jobs that vanished simply drop out)."""
+    totals = dict.fromkeys(POD_PHASES, 0)
+    for counts in per_job:
+        for phase, count in counts.items():
+            totals[phase if phase in totals else "Unknown"] += count
+    for phase, total in totals.items():
+        WORKER_PODS.labels(phase=phase).set(total)
+
+
+def serve(port: int) -> None:
+    start_http_server(port, registry=REGISTRY)

@@ -1,0 +1,61 @@
+"""`sailplan profiles import`: a profile directory as profile-store ConfigMaps (pure).
+
+Users who measured profiles elsewhere (a Sailor artifact, an earlier `sailplan-profile` run)
+load them into the store so no TrainingJob profiles them again. The profiles are grouped by
+the same keys the profiling Jobs use (compute/<model>/<gpu>, network/<link>/<gpu>/<peer>
+[/n<G>]) and written with results.keyed_configmap, so an import and a profiling Job of the
+same key replace one another instead of piling up; every group stays far below the 1 MiB
+ConfigMap limit. Only measured profiles are imported: the store is where measured profiles
+live, and estimates are computed by the planner on demand. Called by the CLI command in
+operator/cli/operator_commands.py, which does the I/O.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from sailplan.operator.profiling.results import keyed_configmap
+from sailplan.planner.profiles.types import ComputeProfile, NetworkProfile, ProfileSet
+
+
+@dataclass(frozen=True)
+class ImportBatch:
+    configmaps: tuple[dict[str, Any], ...]
+    imported: int  # measured profiles written
+    skipped_estimated: int
+
+
+def store_key(profile: ComputeProfile | NetworkProfile) -> str:
+    """The profile-store key of a profile (the key of the Need that would measure it)."""
+    if isinstance(profile, ComputeProfile):
+        return f"compute/{profile.model}/{profile.gpu_type}"
+    size = f"/n{profile.gpus_per_node}" if profile.gpus_per_node else ""
+    return profile.key + size
+
+
+def import_configmaps(profiles: ProfileSet, namespace: str, source: str) -> ImportBatch:
+    """One ConfigMap per store key, in key order (deterministic output for --dry-run diffs)."""
+    compute: dict[str, list[ComputeProfile]] = defaultdict(list)
+    network: dict[str, list[NetworkProfile]] = defaultdict(list)
+    for found_compute in profiles.compute:
+        if found_compute.provenance.source == "measured":
+            compute[store_key(found_compute)].append(found_compute)
+    for found_network in profiles.network:
+        if found_network.provenance.source == "measured":
+            network[store_key(found_network)].append(found_network)
+    configmaps = [
+        keyed_configmap(
+            ProfileSet(compute=tuple(found)), "compute", key, namespace, f"import:{source}"
+        )
+        for key, found in sorted(compute.items())
+    ] + [
+        keyed_configmap(
+            ProfileSet(network=tuple(found)), "network", key, namespace, f"import:{source}"
+        )
+        for key, found in sorted(network.items())
+    ]
+    imported = sum(len(v) for v in compute.values()) + sum(len(v) for v in network.values())
+    total = len(profiles.compute) + len(profiles.network)
+    return ImportBatch(tuple(configmaps), imported, total - imported)

@@ -1,0 +1,177 @@
+"""Which profiles a TrainingJob still lacks, and whether it may plan without them.
+
+Compute: one profiling run per (model, GPU type) of the selected pools that has no
+measured compute profile, over the TP degrees a node of that pool allows and the
+micro-batch sizes the planner searches (make_plan plans a GPU type on its measured grid
+points only, so profiling fewer sizes would shrink the search). Network: one per link the
+planner prices that no measured profile covers: inside a node (per GPU type and node
+size) and between every pair of pools (same zone, across zones, across regions; with the
+GPU types at each end), exactly the lookup the simulator does, so a need disappears as
+soon as the profile that would be used is measured.
+
+The profiling policy decides what happens meanwhile: Auto plans with estimates now and
+replans when measurements arrive (replan.triggers.PROFILES_MEASURED), Required waits,
+Skip never profiles. Called by the TrainingJob reconcile; jobs.py renders the needs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from sailplan.operator.reconcile.naming import split_pool_key
+from sailplan.planner.cluster import ClusterSnapshot, Pool
+from sailplan.planner.modelspec import ModelSpec
+from sailplan.planner.profiles.types import LinkClass, ProfileSet
+
+# planner.api searches micro-batch sizes that divide the global batch up to this size
+# (its _MAX_ESTIMATED_MICRO_BATCH); profiling covers the same grid.
+MAX_MICRO_BATCH: Final = 32
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where a profiling pod runs: one GPUPool in one zone (a snapshot pool)."""
+
+    gpupool: str
+    zone: str
+    gpu_type: str
+    gpus_per_node: int
+    spot: bool = False
+
+    @classmethod
+    def of(cls, pool: Pool) -> Site:
+        gpupool, zone = split_pool_key(pool.name)
+        return cls(gpupool, zone, pool.gpu_type, pool.gpus_per_node, pool.spot)
+
+
+@dataclass(frozen=True)
+class ComputeNeed:
+    model: ModelSpec
+    site: Site
+    tensor_parallel: tuple[int, ...]
+    micro_batch_sizes: tuple[int, ...]
+
+    @property
+    def key(self) -> str:
+        return f"compute/{self.model.name}/{self.site.gpu_type}"
+
+
+@dataclass(frozen=True)
+class NetworkNeed:
+    link: LinkClass
+    site: Site  # rank 0 (and the only pod for intra-node)
+    peer: Site  # rank 1 (same as site for intra-node)
+
+    @property
+    def key(self) -> str:
+        size = f"/n{self.site.gpus_per_node}" if self.link == "intra-node" else ""
+        return f"network/{self.link}/{self.site.gpu_type}/{self.peer.gpu_type}{size}"
+
+
+Need = ComputeNeed | NetworkNeed
+
+
+def key_id(key: str) -> str:
+    """Short stable id of a profile-store key: label value and name suffix (keys contain '/')."""
+    return hashlib.sha256(key.encode()).hexdigest()[:10]
+
+
+def need_id(need: Need) -> str:
+    """key_id of the need's key: a profiling Job and an import of the same key share a name."""
+    return key_id(need.key)
+
+
+def link_class(a: Pool, b: Pool) -> LinkClass:
+    """Across nodes, as planner.simulator.costs.CostModel.link_class decides."""
+    if a.zone == b.zone:
+        return "intra-zone"
+    if a.region == b.region:
+        return "inter-zone"
+    return "inter-region"
+
+
+def micro_batch_grid(global_batch_size: int) -> tuple[int, ...]:
+    top = min(global_batch_size, MAX_MICRO_BATCH)
+    return tuple(m for m in range(1, top + 1) if global_batch_size % m == 0)
+
+
+def _measured_network(profiles: ProfileSet, link: LinkClass, a: str, b: str, n: int) -> bool:
+    found = profiles.network_profile(link, a, b, n)
+    return found is not None and found.provenance.source == "measured"
+
+
+def missing_profiles(
+    model: ModelSpec, global_batch_size: int, cluster: ClusterSnapshot, measured: ProfileSet
+) -> tuple[Need, ...]:
+    """Every profile the job's pools need and the store lacks, in a stable order."""
+    pools = sorted((p for p in cluster.pools if p.nodes > 0), key=lambda p: p.name)
+    needs: dict[str, Need] = {}
+    for gpu in sorted({p.gpu_type for p in pools}):
+        grid = measured.compute_grid(model.name, gpu)
+        if any(
+            (found := measured.compute_profile(model.name, gpu, tp, mbs)) is not None
+            and found.provenance.source == "measured"
+            for tp, mbs in grid
+        ):
+            continue
+        # The largest node of this type: it can measure every TP degree the planner may use.
+        largest = max(
+            (p for p in pools if p.gpu_type == gpu), key=lambda p: (p.gpus_per_node, p.nodes)
+        )
+        tps = tuple(
+            t for t in range(1, largest.gpus_per_node + 1) if model.supports_tensor_parallel(t)
+        )
+        compute = ComputeNeed(model, Site.of(largest), tps, micro_batch_grid(global_batch_size))
+        needs.setdefault(compute.key, compute)
+    for pool in pools:
+        n = pool.gpus_per_node
+        if n >= 2 and not _measured_network(
+            measured, "intra-node", pool.gpu_type, pool.gpu_type, n
+        ):
+            inside = NetworkNeed("intra-node", Site.of(pool), Site.of(pool))
+            needs.setdefault(inside.key, inside)
+    for i, a in enumerate(pools):
+        for b in pools[i:]:
+            if a is b and a.nodes < 2:
+                continue  # two pods on distinct nodes of one pool need two nodes
+            link = link_class(a, b)
+            if _measured_network(measured, link, a.gpu_type, b.gpu_type, a.gpus_per_node):
+                continue
+            first, second = sorted((a, b), key=lambda p: (p.gpu_type, p.name))
+            between = NetworkNeed(link, Site.of(first), Site.of(second))
+            needs.setdefault(between.key, between)
+    return tuple(needs[key] for key in sorted(needs))
+
+
+Verdict = Literal["plan", "plan-and-profile", "wait-for-profiles"]
+
+
+@dataclass(frozen=True)
+class ProfilingDecision:
+    verdict: Verdict
+    launch: tuple[Need, ...]  # profiling Jobs to run
+    message: str
+
+    @property
+    def may_plan(self) -> bool:
+        return self.verdict != "wait-for-profiles"
+
+
+def profiling_decision(mode: str, needs: tuple[Need, ...]) -> ProfilingDecision:
+    """What the job's spec.profiling.mode (Auto, Required, Skip) makes of the needs."""
+    if not needs:
+        return ProfilingDecision("plan", (), "every profile the pools need is measured")
+    listed = f"{len(needs)} profiles missing (first: {needs[0].key})"
+    if mode == "Skip":
+        return ProfilingDecision(
+            "plan", (), f"{listed}; profiling is Skip: planning with estimates"
+        )
+    if mode == "Required":
+        return ProfilingDecision(
+            "wait-for-profiles", needs, f"{listed}; profiling is Required: waiting for them"
+        )
+    return ProfilingDecision(
+        "plan-and-profile", needs, f"{listed}; planning with estimates and profiling meanwhile"
+    )

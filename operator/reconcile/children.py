@@ -1,0 +1,319 @@
+"""Render a TrainingJob's children for one plan: the plan ConfigMap, the rendezvous Service
+and one worker Pod per Plan.workers() entry.
+
+The pod shape is the contract of sailplan.planner.workerenv: where the plan and trainer
+config are mounted, the env vars, the downward-API pod info. Each pod is pinned to its
+replica's GPUPool and zone by required node affinity, asks for `nvidia.com/gpu` equal to its
+tensor-parallel degree, tolerates the GPU taint, and runs non-root. Pure: returns dicts
+ready for the API server.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sailplan.operator.api.common import API_VERSION
+from sailplan.operator.api.gpupool import (
+    GPU_RESOURCE,
+    NODEPOOL_LABEL,
+    SPOT_LABEL,
+    ZONE_LABEL,
+    GPUPool,
+)
+from sailplan.operator.api.trainingjob import KIND, TrainingJob
+from sailplan.operator.reconcile import naming
+from sailplan.planner import workerenv
+from sailplan.planner.plan import Plan, Worker
+
+PLAN_MOUNT = "/etc/sailplan/plan"
+CHECKPOINT_MOUNT = "/checkpoints"
+RUN_AS_USER = 1000
+# SIGTERM gives the trainer this long to write a checkpoint before SIGKILL.
+TERMINATION_GRACE_SECONDS = 120
+
+
+class RenderError(ValueError):
+    """The plan refers to a GPUPool that no longer exists."""
+
+
+@dataclass(frozen=True)
+class Children:
+    configmap: dict[str, Any]
+    service: dict[str, Any]
+    pods: tuple[dict[str, Any], ...]
+
+    def in_creation_order(self) -> list[dict[str, Any]]:
+        # The plan first: pods mount it, and after a crash the ConfigMap is what tells the
+        # operator which plan was being rolled out.
+        return [self.configmap, self.service, *self.pods]
+
+
+def owner_reference(job: TrainingJob) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": job.name,
+        "uid": job.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(job: TrainingJob, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": job.namespace,
+        "labels": labels,
+        "ownerReferences": [owner_reference(job)],
+    }
+
+
+def trainer_config(job: TrainingJob) -> workerenv.TrainerConfig:
+    spec = job.spec
+    storage = spec.checkpoint.storage
+    if storage.persistent_volume_claim is not None:
+        sub_path = storage.persistent_volume_claim.sub_path.strip("/")
+        checkpoint_dir = f"{CHECKPOINT_MOUNT}/{sub_path}" if sub_path else CHECKPOINT_MOUNT
+    else:
+        checkpoint_dir = storage.uri or ""
+    return workerenv.TrainerConfig(
+        steps=spec.training.steps,
+        learning_rate=spec.training.learning_rate,
+        seed=spec.training.seed,
+        data=workerenv.DataConfig(
+            kind=spec.training.data.kind,
+            path=spec.training.data.path,
+            seed=spec.training.seed,
+        ),
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_interval_steps=spec.checkpoint.interval_steps,
+        checkpoints_to_keep=spec.checkpoint.keep,
+        mixed_precision=spec.training.mixed_precision,
+    )
+
+
+def render_configmap(job: TrainingJob, plan: Plan, generation: int) -> dict[str, Any]:
+    labels = naming.job_labels(job.name, naming.ROLE_PLAN) | {
+        naming.LABEL_GENERATION: str(generation)
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(job, naming.plan_configmap_name(job.name, generation), labels),
+        # A generation's plan never changes; a replan writes a new ConfigMap.
+        "immutable": True,
+        "data": {
+            naming.PLAN_KEY: plan.to_json(),
+            naming.TRAINER_KEY: trainer_config(job).model_dump_json(indent=2),
+        },
+    }
+
+
+def render_service(job: TrainingJob) -> dict[str, Any]:
+    """Headless Service that gives every worker a stable DNS name (hostname.subdomain)."""
+    name = naming.service_name(job.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(job, name, naming.job_labels(job.name, naming.ROLE_RENDEZVOUS)),
+        "spec": {
+            "clusterIP": "None",
+            "selector": {naming.LABEL_JOB: job.name, naming.LABEL_ROLE: naming.ROLE_WORKER},
+            # Rendezvous happens before any worker is ready.
+            "publishNotReadyAddresses": True,
+            "ports": [
+                {
+                    "name": "rendezvous",
+                    "port": job.spec.trainer.master_port,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+
+
+def master_address(job: TrainingJob, generation: int, attempt: int) -> str:
+    worker0 = naming.worker_pod_name(job.name, generation, attempt, 0)
+    return f"{worker0}.{naming.service_name(job.name)}.{job.namespace}.svc"
+
+
+def _node_affinity(pool: GPUPool, zone: str) -> dict[str, Any]:
+    expressions: list[dict[str, Any]] = []
+    if pool.spec.node_pool is not None:
+        expressions.append(
+            {"key": NODEPOOL_LABEL, "operator": "In", "values": [pool.spec.node_pool]}
+        )
+    elif pool.spec.selector is not None:
+        expressions.extend(
+            {"key": key, "operator": "In", "values": [value]}
+            for key, value in sorted(pool.spec.selector.match_labels.items())
+        )
+    expressions.append({"key": ZONE_LABEL, "operator": "In", "values": [zone]})
+    return {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": expressions}]
+        }
+    }
+
+
+def _tolerations(pool: GPUPool) -> list[dict[str, Any]]:
+    tolerations = [
+        {"key": GPU_RESOURCE, "operator": "Equal", "value": "present", "effect": "NoSchedule"}
+    ]
+    if pool.status.spot:
+        tolerations.append(
+            {"key": SPOT_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+        )
+    return tolerations
+
+
+def _env(
+    job: TrainingJob, plan: Plan, worker: Worker, generation: int, attempt: int
+) -> list[dict[str, Any]]:
+    def field(path: str) -> dict[str, Any]:
+        return {"fieldRef": {"fieldPath": path}}
+
+    return [
+        {"name": workerenv.PLAN_PATH, "value": workerenv.DEFAULT_PLAN_PATH},
+        {"name": workerenv.TRAINER_CONFIG_PATH, "value": workerenv.DEFAULT_TRAINER_CONFIG_PATH},
+        {"name": workerenv.PLAN_GENERATION, "value": str(generation)},
+        {"name": workerenv.WORKER_INDEX, "value": str(worker.index)},
+        {"name": workerenv.MASTER_ADDR, "value": master_address(job, generation, attempt)},
+        {"name": workerenv.MASTER_PORT, "value": str(job.spec.trainer.master_port)},
+        {"name": workerenv.WORLD_SIZE, "value": str(plan.world_size)},
+        {"name": workerenv.POD_NAME, "valueFrom": field("metadata.name")},
+        {"name": workerenv.POD_NAMESPACE, "valueFrom": field("metadata.namespace")},
+        {"name": workerenv.PODINFO_DIR, "value": workerenv.DEFAULT_PODINFO_DIR},
+    ]
+
+
+def _volumes(job: TrainingJob, generation: int) -> tuple[list[Any], list[Any]]:
+    volumes: list[dict[str, Any]] = [
+        {
+            "name": "plan",
+            "configMap": {"name": naming.plan_configmap_name(job.name, generation)},
+        },
+        {
+            "name": "podinfo",
+            "downwardAPI": {
+                "items": [
+                    {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}},
+                    {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}},
+                ]
+            },
+        },
+        # NCCL and data loaders need more shared memory than the runtime's 64 MiB default.
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},
+        {"name": "podinfo", "mountPath": workerenv.DEFAULT_PODINFO_DIR, "readOnly": True},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+    claim = job.spec.checkpoint.storage.persistent_volume_claim
+    if claim is not None:
+        volumes.append(
+            {"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim.claim_name}}
+        )
+        mounts.append({"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT})
+    return volumes, mounts
+
+
+def render_worker_pod(
+    job: TrainingJob,
+    plan: Plan,
+    worker: Worker,
+    *,
+    generation: int,
+    attempt: int,
+    pools: Mapping[str, GPUPool],
+) -> dict[str, Any]:
+    gpupool_name, zone = naming.split_pool_key(worker.pool)
+    pool = pools.get(gpupool_name)
+    if pool is None:
+        raise RenderError(
+            f"plan generation {generation} places worker {worker.index} on GPUPool "
+            f"{gpupool_name!r}, which no longer exists"
+        )
+    name = naming.worker_pod_name(job.name, generation, attempt, worker.index)
+    labels = naming.job_labels(job.name, naming.ROLE_WORKER) | {
+        naming.LABEL_GENERATION: str(generation),
+        naming.LABEL_ATTEMPT: str(attempt),
+        naming.LABEL_WORKER: str(worker.index),
+        naming.LABEL_STAGE: str(worker.stage),
+        naming.LABEL_GPUPOOL: gpupool_name,
+    }
+    metadata = _metadata(job, name, labels)
+    metadata["annotations"] = {
+        "sailplan.dev/worker": json.dumps(
+            {
+                "stage": worker.stage,
+                "replica": worker.replica,
+                "firstRank": worker.first_rank,
+                "tensorParallel": worker.tensor_parallel,
+                "gpuType": worker.gpu_type,
+                "zone": worker.zone,
+            },
+            sort_keys=True,
+        )
+    }
+    trainer = job.spec.trainer
+    volumes, mounts = _volumes(job, generation)
+    gpus = str(worker.tensor_parallel)
+    pod_spec: dict[str, Any] = {
+        "hostname": name,
+        "subdomain": naming.service_name(job.name),
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "enableServiceLinks": False,
+        "affinity": {"nodeAffinity": _node_affinity(pool, zone)},
+        "tolerations": _tolerations(pool),
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER,
+            "fsGroup": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [
+            {
+                "name": "trainer",
+                "image": trainer.image,
+                "imagePullPolicy": trainer.image_pull_policy,
+                "command": list(trainer.command),
+                "env": _env(job, plan, worker, generation, attempt),
+                "ports": [{"name": "rendezvous", "containerPort": trainer.master_port}],
+                "resources": {
+                    "requests": {"cpu": trainer.cpu, "memory": trainer.memory, GPU_RESOURCE: gpus},
+                    "limits": {"memory": trainer.memory, GPU_RESOURCE: gpus},
+                },
+                "volumeMounts": mounts,
+                "securityContext": {
+                    "allowPrivilegeEscalation": False,
+                    "capabilities": {"drop": ["ALL"]},
+                },
+            }
+        ],
+        "volumes": volumes,
+    }
+    if trainer.service_account_name is not None:
+        pod_spec["serviceAccountName"] = trainer.service_account_name
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def desired_children(
+    job: TrainingJob, plan: Plan, generation: int, attempt: int, pools: Mapping[str, GPUPool]
+) -> Children:
+    return Children(
+        configmap=render_configmap(job, plan, generation),
+        service=render_service(job),
+        pods=tuple(
+            render_worker_pod(
+                job, plan, worker, generation=generation, attempt=attempt, pools=pools
+            )
+            for worker in plan.workers()
+        ),
+    )

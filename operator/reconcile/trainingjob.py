@@ -1,0 +1,842 @@
+"""One reconcile pass of a TrainingJob, as a pure function.
+
+`reconcile(observed, planner, catalog, now)` looks at the job, the GPUPools, the nodes, the
+job's plan ConfigMaps and worker pods (all as stored in the cluster) and returns what to
+create, delete and annotate, the job's new status and the Events to record.
+
+The first pass plans and starts generation 1. Every later pass hands the pods and the
+cluster to the replan state machine (replan.machine), whose state lives in
+`status.replan`: it tells preemptions from real failures (only the latter spend
+spec.failure.maxRestarts, after a backoff), replans at once onto what remains when capacity
+is lost, waits when nothing fits, and switches voluntarily (checkpoint first, then new pods)
+when new capacity, prices or the objective make another plan worth its restart cost. The
+current plan is the one of `status.replan.generation`, not the newest ConfigMap, so a
+switch the operator was interrupted in is resumed, never half-adopted. A job whose status
+lost its replan state adopts the newest plan ConfigMap and recreates only the missing pods.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from sailplan.operator.api import trainingjob as api
+from sailplan.operator.api.common import Condition, find_condition, set_condition
+from sailplan.operator.api.gpupool import GPU_TYPE_RESOLVED, REASON_UNKNOWN_GPU_TYPE, GPUPool
+from sailplan.operator.api.trainingjob import (
+    PlanHistoryEntry,
+    PlanSummary,
+    Progress,
+    TrainingJob,
+    TrainingJobStatus,
+    WorkerCounts,
+)
+from sailplan.operator.reconcile import naming
+from sailplan.operator.reconcile.children import RenderError, desired_children
+from sailplan.operator.reconcile.nodes import NodeInfo
+from sailplan.operator.reconcile.snapshot import PoolSelectionError, select_pools
+from sailplan.operator.reconcile.summary import KubeEvent, summarize
+from sailplan.operator.replan import machine, triggers
+from sailplan.operator.replan.decision import ReplanConfig, ReplanContext, ReplanInputs
+from sailplan.operator.replan.state import (
+    PHASE_DRAINING,
+    PHASE_FAILED,
+    PHASE_SWITCHING,
+    PHASE_WAITING,
+    ReplanState,
+)
+from sailplan.planner.api import Infeasible, Objective, PlanRequest, PlanResult
+from sailplan.planner.catalog import Catalog, UnknownModelError
+from sailplan.planner.cluster import ClusterSnapshot
+from sailplan.planner.modelspec import ModelSpec
+from sailplan.planner.plan import Plan
+from sailplan.planner.profiles.types import ProfileSet
+from sailplan.planner.workerenv import CHECKPOINT_REQUEST_ANNOTATION, TrainerProgress
+
+Planner = Callable[[PlanRequest, ProfileSet], PlanResult]
+
+
+# -- observed state ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ObservedPod:
+    """A worker pod: the replan facts about it (triggers.WorkerPod) plus its owner."""
+
+    worker: triggers.WorkerPod
+    owner_uid: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.worker.name
+
+    @property
+    def generation(self) -> int:
+        return self.worker.generation
+
+    @property
+    def attempt(self) -> int:
+        return self.worker.attempt
+
+    @property
+    def worker_index(self) -> int:
+        return self.worker.worker_index
+
+    @property
+    def phase(self) -> str:
+        return self.worker.phase
+
+    @property
+    def deleting(self) -> bool:
+        return self.worker.deleting
+
+    @property
+    def progress(self) -> TrainerProgress | None:
+        return self.worker.progress
+
+
+@dataclass(frozen=True)
+class ObservedPlan:
+    name: str
+    generation: int
+    plan: Plan
+    owner_uid: str = ""
+
+
+@dataclass(frozen=True)
+class Observed:
+    job: TrainingJob
+    pools: tuple[GPUPool, ...] = ()
+    plans: tuple[ObservedPlan, ...] = ()
+    pods: tuple[ObservedPod, ...] = ()
+    service_exists: bool = False
+    measured: ProfileSet = field(default_factory=ProfileSet)
+    # Every node by name; a worker whose node is missing here is on a node that is gone.
+    nodes: Mapping[str, NodeInfo] = field(default_factory=dict)
+
+
+def _controller_uid(metadata: Mapping[str, Any]) -> str:
+    for reference in metadata.get("ownerReferences") or ():
+        if reference.get("controller"):
+            return str(reference.get("uid", ""))
+    return ""
+
+
+def observed_pod(body: Mapping[str, Any]) -> ObservedPod | None:
+    """A worker pod as the reconcile sees it; None if it lacks the operator's labels."""
+    worker = triggers.pod_facts(body)
+    if worker is None:
+        return None
+    return ObservedPod(worker=worker, owner_uid=_controller_uid(body.get("metadata") or {}))
+
+
+def observed_plan(body: Mapping[str, Any]) -> ObservedPlan | None:
+    metadata = body.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    try:
+        generation = int(labels[naming.LABEL_GENERATION])
+        plan = Plan.from_json((body.get("data") or {})[naming.PLAN_KEY])
+    except (KeyError, ValueError):
+        return None
+    return ObservedPlan(
+        name=str(metadata.get("name", "")),
+        generation=generation,
+        plan=plan,
+        owner_uid=_controller_uid(metadata),
+    )
+
+
+# -- outcome -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Outcome:
+    status: TrainingJobStatus
+    create: tuple[dict[str, Any], ...] = ()
+    delete_pods: tuple[str, ...] = ()
+    events: tuple[KubeEvent, ...] = ()
+    plan_result: str | None = None  # "planned" | "infeasible" when the planner ran
+    # (pod name, annotations to merge): the checkpoint request of a planned switch.
+    annotate_pods: tuple[tuple[str, dict[str, str]], ...] = ()
+    # Run the next pass after this many seconds even if nothing changes (backoff, drain).
+    requeue_after: float | None = None
+
+
+# -- helpers -------------------------------------------------------------------------------
+def resolve_model(job: TrainingJob, catalog: Catalog) -> ModelSpec:
+    """The model to train; raises UnknownModelError or ValueError with a one-line reason."""
+    ref = job.spec.model
+    if ref.name is not None:
+        model = catalog.model(ref.name)
+    elif ref.custom is not None:
+        model = ref.custom.to_model_spec()
+    else:  # the CRD's CEL rule makes this unreachable through the API server
+        raise ValueError("spec.model: set exactly one of name and custom")
+    length = job.spec.training.sequence_length
+    if length is not None and length != model.sequence_length:
+        model = ModelSpec.model_validate(model.model_dump() | {"sequence_length": length})
+    return model
+
+
+def plan_summary(plan: Plan, generation: int) -> PlanSummary:
+    predictions = plan.predictions
+    return PlanSummary(
+        generation=generation,
+        config_map="",  # filled by the caller, which knows the job name
+        summary=summarize(plan),
+        pipeline_depth=plan.pipeline_depth,
+        data_parallel=plan.data_parallel,
+        workers=len(plan.workers()),
+        gpus=plan.world_size,
+        gpus_by_pool=plan.gpus_by_pool(),
+        micro_batch_size=plan.micro_batch_size,
+        predicted_samples_per_second=predictions.samples_per_second if predictions else None,
+        predicted_usd_per_hour=predictions.usd_per_hour if predictions else None,
+        predicted_iteration_seconds=predictions.iteration_seconds if predictions else None,
+        cluster_hash=plan.inputs.cluster_hash,
+        estimated_profiles=plan.inputs.estimated,
+    )
+
+
+def _condition(type_: str, ok: bool, reason: str, message: str, generation: int) -> Condition:
+    return Condition(
+        type=type_,
+        status="True" if ok else "False",
+        reason=reason,
+        message=message,
+        observed_generation=generation,
+    )
+
+
+def _with_conditions(
+    status: TrainingJobStatus, conditions: list[Condition], now: datetime
+) -> TrainingJobStatus:
+    current = status.conditions
+    for condition in conditions:
+        current = set_condition(current, condition, now)
+    return status.model_copy(update={"conditions": current})
+
+
+def _next_generation(job: TrainingJob, observed: Observed, taken: tuple[int, ...] = ()) -> int:
+    # Every source of truth for past generations counts, so a generation is never reused.
+    seen = [p.generation for p in observed.plans] + list(taken)
+    seen += [h.generation for h in job.status.history]
+    if job.status.plan is not None:
+        seen.append(job.status.plan.generation)
+    return max(seen, default=0) + 1
+
+
+_WARNING_CONDITIONS = {api.COND_INVALID, api.COND_UNSCHEDULABLE, api.COND_FAILED}
+_EVENT_CONDITIONS = (
+    api.COND_INVALID,
+    api.COND_UNSCHEDULABLE,
+    api.COND_PLANNED,
+    api.COND_RUNNING,
+    api.COND_SUCCEEDED,
+    api.COND_FAILED,
+)
+
+
+def _condition_events(old: TrainingJobStatus, new: TrainingJobStatus) -> list[KubeEvent]:
+    """An Event for every decision: a condition that became True or changed its reason."""
+    events = []
+    for type_ in _EVENT_CONDITIONS:
+        after = find_condition(new.conditions, type_)
+        if after is None or after.status != "True":
+            continue
+        before = find_condition(old.conditions, type_)
+        if before is not None and (before.status, before.reason, before.message) == (
+            after.status,
+            after.reason,
+            after.message,
+        ):
+            continue
+        kind = "Warning" if type_ in _WARNING_CONDITIONS else "Normal"
+        events.append(KubeEvent(kind, after.reason if kind == "Warning" else type_, after.message))
+    return events
+
+
+def _finish(
+    observed: Observed,
+    status: TrainingJobStatus,
+    *,
+    create: list[dict[str, Any]] | None = None,
+    delete: list[str] | None = None,
+    extra_events: list[KubeEvent] | None = None,
+    plan_result: str | None = None,
+) -> Outcome:
+    events = _condition_events(observed.job.status, status) + (extra_events or [])
+    return Outcome(
+        status=status,
+        create=tuple(create or ()),
+        delete_pods=tuple(delete or ()),
+        events=tuple(events),
+        plan_result=plan_result,
+    )
+
+
+# -- the reconcile -------------------------------------------------------------------------
+def invalid_status(
+    job_status: TrainingJobStatus, generation: int, reason: str, message: str, now: datetime
+) -> TrainingJobStatus:
+    """Status of a job whose spec cannot be acted on (also used when the spec fails to parse)."""
+    status = job_status.model_copy(
+        update={"phase": api.PHASE_INVALID, "observed_generation": generation}
+    )
+    return _with_conditions(
+        status,
+        [
+            _condition(api.COND_INVALID, True, reason, message, generation),
+            _condition(api.COND_PLANNED, False, reason, "the spec is invalid", generation),
+        ],
+        now,
+    )
+
+
+def reconcile(
+    observed: Observed,
+    planner: Planner,
+    catalog: Catalog,
+    now: datetime,
+    config: ReplanConfig | None = None,
+) -> Outcome:
+    job = observed.job
+    status = job.status.model_copy(update={"observed_generation": job.generation})
+    if status.phase in (api.PHASE_SUCCEEDED, api.PHASE_FAILED):
+        return _finish(observed, status)  # terminal: nothing more to do
+
+    try:
+        model = resolve_model(job, catalog)
+    except UnknownModelError as error:
+        return _finish(
+            observed,
+            invalid_status(status, job.generation, api.REASON_UNKNOWN_MODEL, str(error), now),
+        )
+    except ValueError as error:
+        message = str(error).splitlines()[0]
+        return _finish(
+            observed,
+            invalid_status(status, job.generation, api.REASON_INVALID_MODEL_SHAPE, message, now),
+        )
+    status = status.model_copy(update={"model": model.name})
+    status = _with_conditions(
+        status,
+        [_condition(api.COND_INVALID, False, api.REASON_VALID, "", job.generation)],
+        now,
+    )
+
+    # Generations of stale plans still count, so new names never collide with them.
+    taken = tuple(p.generation for p in observed.plans)
+    observed = _mine(observed)
+    if not observed.plans and status.replan is None:
+        return _plan(observed, model, status, planner, now, taken=taken)
+    if status.replan is not None and not observed.plans and not status.replan.target_plan:
+        # The plan ConfigMaps were deleted under a running job: start over from a new plan.
+        status = status.model_copy(update={"replan": None})
+        return _plan(observed, model, status, planner, now, taken=taken)
+    return _run(
+        observed,
+        model,
+        status=status,
+        planner=planner,
+        catalog=catalog,
+        now=now,
+        config=config or ReplanConfig(),
+    )
+
+
+def _mine(observed: Observed) -> Observed:
+    """Drop children of an earlier job of the same name that the garbage collector has not
+    removed yet (their owner is another uid). Unowned plan ConfigMaps are kept: that is how
+    a plan is handed to a job before it exists (see benchmarks/operator_scale.py)."""
+    uid = observed.job.uid
+
+    def ours(owner: str) -> bool:
+        return owner in ("", uid)
+
+    return replace(
+        observed,
+        plans=tuple(p for p in observed.plans if ours(p.owner_uid)),
+        pods=tuple(p for p in observed.pods if ours(p.owner_uid)),
+    )
+
+
+def _unschedulable(
+    observed: Observed,
+    status: TrainingJobStatus,
+    reason: str,
+    message: str,
+    now: datetime,
+    *,
+    plan_result: str | None = None,
+) -> Outcome:
+    generation = observed.job.generation
+    status = _with_conditions(
+        status.model_copy(update={"phase": api.PHASE_UNSCHEDULABLE}),
+        [
+            _condition(api.COND_UNSCHEDULABLE, True, reason, message, generation),
+            _condition(api.COND_PLANNED, False, reason, message, generation),
+        ],
+        now,
+    )
+    return _finish(observed, status, plan_result=plan_result)
+
+
+def _plan(
+    observed: Observed,
+    model: ModelSpec,
+    status: TrainingJobStatus,
+    planner: Planner,
+    now: datetime,
+    *,
+    taken: tuple[int, ...] = (),
+) -> Outcome:
+    job = observed.job
+    generation = job.generation
+    try:
+        selected = select_pools(job.spec.pools, observed.pools)
+    except PoolSelectionError as error:
+        return _finish(
+            observed, invalid_status(status, generation, api.REASON_NO_POOLS, str(error), now)
+        )
+    for pool in selected:
+        resolved = find_condition(pool.status.conditions, GPU_TYPE_RESOLVED)
+        if resolved is not None and resolved.reason == REASON_UNKNOWN_GPU_TYPE:
+            message = f"GPUPool {pool.name}: {resolved.message}"
+            return _finish(
+                observed,
+                invalid_status(status, generation, api.REASON_UNKNOWN_GPU_TYPE, message, now),
+            )
+    if not selected:
+        return _unschedulable(
+            observed, status, api.REASON_NO_POOLS, "no GPUPool matches spec.pools", now
+        )
+    snapshot = triggers.capacity_snapshot(selected, (), observed.nodes)
+    if not any(p.gpus for p in snapshot.pools):
+        names = ", ".join(p.name for p in selected)
+        return _unschedulable(
+            observed, status, "NoCapacity", f"no free ready GPU nodes in GPUPools {names}", now
+        )
+
+    # An infeasible answer stands until the job or the cluster changes: the search is too
+    # expensive to repeat on every resync.
+    inputs = f"{job.generation}:{snapshot.content_hash()}"
+    if status.phase == api.PHASE_UNSCHEDULABLE and status.unschedulable_inputs == inputs:
+        return _finish(observed, status)
+
+    spec = job.spec
+    request = PlanRequest(
+        model=model,
+        global_batch_size=spec.training.global_batch_size,
+        optimizer=spec.training.optimizer,
+        cluster=snapshot,
+        objective=Objective(
+            kind="cost" if spec.objective.kind == "Cost" else "throughput",
+            min_samples_per_second=spec.objective.min_samples_per_second,
+            max_usd_per_hour=spec.objective.max_usd_per_hour,
+            max_usd_per_iteration=spec.objective.max_usd_per_iteration,
+        ),
+        max_pipeline_depth=spec.objective.max_pipeline_depth,
+    )
+    result = planner(request, observed.measured)
+    if isinstance(result, Infeasible):
+        status = status.model_copy(update={"unschedulable_inputs": inputs})
+        return _unschedulable(
+            observed, status, result.code, result.reason, now, plan_result="infeasible"
+        )
+
+    plan = result.best.model_copy(update={"reason": "initial plan"})
+    estimated = plan.inputs.estimated
+    profiles_condition = _condition(
+        api.COND_PROFILES_MEASURED,
+        not estimated,
+        api.REASON_ESTIMATED if estimated else api.REASON_ALL_MEASURED,
+        f"planned with estimated profiles: {', '.join(estimated)}" if estimated else "",
+        generation,
+    )
+    if estimated and spec.profiling.mode == "Required":
+        message = (
+            f"spec.profiling.mode is Required and {len(estimated)} profiles are not measured "
+            f"(first: {estimated[0]}); store measured profiles to proceed"
+        )
+        status = _with_conditions(
+            status.model_copy(update={"phase": api.PHASE_PENDING}),
+            [
+                profiles_condition,
+                _condition(api.COND_UNSCHEDULABLE, False, api.REASON_SCHEDULABLE, "", generation),
+                _condition(
+                    api.COND_PLANNED, False, api.REASON_AWAITING_PROFILES, message, generation
+                ),
+            ],
+            now,
+        )
+        return _finish(observed, status, plan_result="planned")
+
+    plan_generation = _next_generation(job, observed, taken)
+    pools = {p.name: p for p in observed.pools}
+    children = desired_children(job, plan, plan_generation, 0, pools)
+    summary = plan_summary(plan, plan_generation).model_copy(
+        update={"config_map": naming.plan_configmap_name(job.name, plan_generation)}
+    )
+    history = (
+        *status.history,
+        PlanHistoryEntry(
+            generation=plan_generation,
+            time=now,
+            reason=plan.reason,
+            summary=summary.summary,
+            predicted_samples_per_second=summary.predicted_samples_per_second,
+        ),
+    )[-api.MAX_HISTORY :]
+    status = status.model_copy(
+        update={
+            "phase": api.PHASE_PENDING,
+            "plan": summary,
+            "history": history,
+            "attempt": 0,
+            "unschedulable_inputs": None,
+            "workers": WorkerCounts(desired=len(children.pods), pending=len(children.pods)),
+            "replan": machine.initial_state(
+                job, plan_generation, 0, plan, cluster=snapshot, measured=observed.measured
+            ),
+        }
+    )
+    assert status.replan is not None
+    status = _with_conditions(
+        status,
+        [
+            machine.replanning_condition(status.replan, generation),
+            profiles_condition,
+            _condition(api.COND_UNSCHEDULABLE, False, api.REASON_SCHEDULABLE, "", generation),
+            _condition(
+                api.COND_PLANNED,
+                True,
+                api.REASON_PLAN_CREATED,
+                f"generation {plan_generation}: {summary.summary}",
+                generation,
+            ),
+            _condition(
+                api.COND_RUNNING,
+                False,
+                api.REASON_PODS_PENDING,
+                f"0/{len(children.pods)} workers running",
+                generation,
+            ),
+        ],
+        now,
+    )
+    create = children.in_creation_order()
+    if observed.service_exists:
+        create.remove(children.service)
+    events = [
+        KubeEvent(
+            "Normal",
+            "PodsCreated",
+            f"created {len(children.pods)} worker pods for plan generation {plan_generation}",
+        )
+    ]
+    return _finish(observed, status, create=create, extra_events=events, plan_result="planned")
+
+
+def _bootstrap(
+    observed: Observed, cluster: ClusterSnapshot, status: TrainingJobStatus
+) -> tuple[ReplanState, ObservedPlan] | None:
+    """The replan state of a job that has plans but no recorded state (the operator stopped
+    between creating the first plan and writing the status): adopt the newest plan and the
+    newest attempt of it that has pods."""
+    if not observed.plans:
+        return None
+    current = max(observed.plans, key=lambda p: p.generation)
+    status_attempt = (
+        status.attempt if status.plan and status.plan.generation == current.generation else 0
+    )
+    attempt = max(
+        [status_attempt] + [p.attempt for p in observed.pods if p.generation == current.generation]
+    )
+    state = machine.initial_state(
+        observed.job,
+        current.generation,
+        attempt,
+        current.plan,
+        cluster=cluster,
+        measured=observed.measured,
+    )
+    return state, current
+
+
+@dataclass
+class _Applied:
+    """The machine's actions turned into what the handler does (and the status records)."""
+
+    create: list[dict[str, Any]] = field(default_factory=list)
+    delete: list[str] = field(default_factory=list)
+    annotate: list[tuple[str, dict[str, str]]] = field(default_factory=list)
+    events: list[KubeEvent] = field(default_factory=list)
+    history: list[PlanHistoryEntry] = field(default_factory=list)
+    created_plans: dict[int, Plan] = field(default_factory=dict)
+    preemptions: int = 0
+    render_problem: str = ""
+
+
+def _perform(
+    observed: Observed, actions: tuple[machine.Action, ...], plans: Mapping[int, Plan]
+) -> _Applied:
+    job = observed.job
+    pools = {p.name: p for p in observed.pools}
+    existing = {p.name for p in observed.pods}
+    done = _Applied()
+    for action in actions:
+        if isinstance(action, machine.RequestCheckpoint):
+            value = {CHECKPOINT_REQUEST_ANNOTATION: str(action.generation)}
+            done.annotate += [(pod, value) for pod in action.pods]
+        elif isinstance(action, machine.DeletePods):
+            done.delete += [p for p in action.pods if p not in done.delete]
+        elif isinstance(action, machine.CreateChildren):
+            try:
+                children = desired_children(
+                    job, action.plan, action.generation, action.attempt, pools
+                )
+            except RenderError as error:
+                done.render_problem = str(error)
+                continue
+            if action.generation not in plans:
+                done.create.append(children.configmap)
+                done.created_plans[action.generation] = action.plan
+            if not observed.service_exists:
+                done.create.append(children.service)
+            missing = [p for p in children.pods if p["metadata"]["name"] not in existing]
+            done.create += missing
+            if missing:
+                done.events.append(
+                    KubeEvent(
+                        "Normal",
+                        "PodsCreated",
+                        f"created {len(missing)} worker pods for plan generation "
+                        f"{action.generation} attempt {action.attempt}",
+                    )
+                )
+        elif isinstance(action, machine.RecordHistory):
+            done.history.append(machine.history_entry(action.record))
+            if action.record.trigger in (triggers.WORKER_PREEMPTED, triggers.NODE_LOST):
+                done.preemptions += 1
+        elif isinstance(action, machine.EmitEvent):
+            done.events.append(action.event)
+    return done
+
+
+def _requeue_after(state: ReplanState, config: ReplanConfig, now: datetime) -> float | None:
+    """When the next pass must run even if nothing in the cluster changes: the end of a
+    restart backoff, or the drain timeout."""
+    if state.phase == PHASE_SWITCHING and state.not_before is not None:
+        return max(1.0, (state.not_before - now).total_seconds())
+    if state.phase == PHASE_DRAINING and state.since is not None:
+        deadline = state.since + timedelta(seconds=config.drain_timeout_seconds)
+        return max(1.0, (deadline - now).total_seconds())
+    return None
+
+
+def _run(
+    observed: Observed,
+    model: ModelSpec,
+    *,
+    status: TrainingJobStatus,
+    planner: Planner,
+    catalog: Catalog,
+    now: datetime,
+    config: ReplanConfig,
+) -> Outcome:
+    """Keep the job on its plan through the replan state machine; report progress."""
+    job = observed.job
+    generation = job.generation
+    try:
+        selected = select_pools(job.spec.pools, observed.pools)
+    except PoolSelectionError as error:
+        return _finish(
+            observed, invalid_status(status, generation, api.REASON_NO_POOLS, str(error), now)
+        )
+    workers = tuple(p.worker for p in observed.pods)
+    cluster = triggers.capacity_snapshot(selected, workers, observed.nodes)
+    plans = {p.generation: p.plan for p in observed.plans}
+    adopted = False
+    state = status.replan
+    if state is None:
+        booted = _bootstrap(observed, cluster, status)
+        if booted is None:  # unreachable: reconcile plans afresh when there is neither
+            return _finish(observed, status)
+        state, _ = booted
+        adopted = True
+    inputs = ReplanInputs(
+        job=job,
+        model=model,
+        plan=plans.get(state.generation),
+        pods=workers,
+        nodes=observed.nodes,
+        cluster=cluster,
+        measured=observed.measured,
+    )
+    state, actions = machine.next_state(state, inputs, now, ReplanContext(planner, catalog, config))
+    done = _perform(observed, actions, plans)
+
+    current_plan = plans.get(state.generation) or done.created_plans.get(state.generation)
+    mine = {
+        p.worker_index: p
+        for p in observed.pods
+        if (p.generation, p.attempt) == (state.generation, state.attempt) and not p.deleting
+    }
+    history = status.history
+    summary = status.plan
+    if current_plan is not None:
+        summary = plan_summary(current_plan, state.generation).model_copy(
+            update={"config_map": naming.plan_configmap_name(job.name, state.generation)}
+        )
+    if (
+        adopted
+        and summary is not None
+        and (status.plan is None or status.plan.generation != state.generation)
+    ):
+        history = (
+            *history,
+            PlanHistoryEntry(
+                generation=state.generation,
+                time=now,
+                reason=(current_plan.reason if current_plan else "") or "adopted",
+                summary=summary.summary,
+                predicted_samples_per_second=summary.predicted_samples_per_second,
+            ),
+        )
+    history = (*history, *done.history)[-api.MAX_HISTORY :]
+
+    desired = len(current_plan.workers()) if current_plan is not None else 0
+    phases = [p.phase for p in mine.values()]
+    counts = WorkerCounts(
+        desired=desired,
+        pending=max(0, desired - sum(ph in ("Running", "Succeeded", "Failed") for ph in phases)),
+        running=phases.count("Running"),
+        succeeded=phases.count("Succeeded"),
+        failed=phases.count("Failed"),
+    )
+    conditions = [machine.replanning_condition(state, generation)]
+    planned_reason = api.REASON_PLAN_ADOPTED if adopted else api.REASON_PLAN_CREATED
+    previous = find_condition(status.conditions, api.COND_PLANNED)
+    if not adopted and status.plan is not None and status.plan.generation != state.generation:
+        planned_reason = machine.REASON_PLAN_SWITCHED
+    elif not adopted and previous is not None and previous.status == "True":
+        planned_reason = previous.reason
+    if summary is not None:
+        conditions.append(
+            _condition(
+                api.COND_PLANNED,
+                True,
+                planned_reason,
+                f"generation {state.generation}: {summary.summary}",
+                generation,
+            )
+        )
+    replan_phase = machine.job_phase(state)
+    if state.phase == PHASE_WAITING:
+        conditions += [
+            _condition(
+                api.COND_UNSCHEDULABLE, True, api.REASON_NO_CAPACITY, state.message, generation
+            ),
+            _condition(api.COND_RUNNING, False, api.REASON_NO_CAPACITY, state.message, generation),
+        ]
+    else:
+        conditions.append(
+            _condition(api.COND_UNSCHEDULABLE, False, api.REASON_SCHEDULABLE, "", generation)
+        )
+    if state.phase == PHASE_FAILED:
+        conditions += [
+            _condition(
+                api.COND_FAILED, True, api.REASON_RESTARTS_EXHAUSTED, state.message, generation
+            ),
+            _condition(
+                api.COND_RUNNING, False, api.REASON_RESTARTS_EXHAUSTED, state.message, generation
+            ),
+        ]
+    if replan_phase is not None:
+        phase = replan_phase
+        if state.phase in (PHASE_DRAINING, PHASE_SWITCHING):
+            conditions.append(
+                _condition(
+                    api.COND_RUNNING, False, api.REASON_REPLANNING, state.message, generation
+                )
+            )
+    elif desired and counts.succeeded == desired:
+        phase = api.PHASE_SUCCEEDED
+        conditions += [
+            _condition(
+                api.COND_SUCCEEDED, True, api.REASON_COMPLETED, "all workers finished", generation
+            ),
+            _condition(api.COND_RUNNING, False, api.REASON_COMPLETED, "", generation),
+        ]
+    elif counts.running and counts.running + counts.succeeded == desired:
+        # Ranks finish a moment apart; the job runs until the last one is done.
+        phase = api.PHASE_RUNNING
+        conditions.append(
+            _condition(
+                api.COND_RUNNING,
+                True,
+                api.REASON_ALL_RUNNING,
+                f"{desired} workers running",
+                generation,
+            )
+        )
+    else:
+        phase = api.PHASE_PENDING
+        message = done.render_problem or f"{counts.running}/{desired} workers running"
+        reason = "PoolMissing" if done.render_problem else api.REASON_PODS_PENDING
+        conditions.append(_condition(api.COND_RUNNING, False, reason, message, generation))
+
+    progress = status.progress
+    rank0 = mine.get(0)
+    if rank0 is not None and rank0.progress is not None:
+        reported = rank0.progress
+        progress = Progress(
+            step=reported.step,
+            loss=reported.loss,
+            samples_per_second=reported.samples_per_second,
+            last_checkpoint_step=reported.last_checkpoint_step,
+        )
+    status = status.model_copy(
+        update={
+            "phase": phase,
+            "plan": summary,
+            "history": history,
+            "attempt": state.attempt,
+            "restarts": state.failures.restarts,
+            "preemptions": status.preemptions + done.preemptions,
+            "workers": counts,
+            "progress": progress,
+            "replan": state,
+        }
+    )
+    status = _with_conditions(status, conditions, now)
+    outcome = _finish(
+        observed, status, create=done.create, delete=done.delete, extra_events=done.events
+    )
+    return replace(
+        outcome,
+        annotate_pods=tuple(done.annotate),
+        requeue_after=_requeue_after(state, config, now),
+    )
+
+
+def status_patch(status: TrainingJobStatus) -> dict[str, Any]:
+    """The JSON body for the status subresource (round-trips through json for datetimes)."""
+    patch: dict[str, Any] = json.loads(status.model_dump_json(by_alias=True, exclude_none=True))
+    return patch
+
+
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """RFC 7386 merge patch turning `old` into `new` (keys gone from `new` become null)."""
+    patch: dict[str, Any] = {}
+    for key in old.keys() - new.keys():
+        patch[key] = None
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            nested = merge_patch(before, value)
+            if nested:
+                patch[key] = nested
+        elif value != before:
+            patch[key] = value
+    return patch

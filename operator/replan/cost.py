@@ -1,0 +1,121 @@
+"""What a switch costs and what it gains, in the job's own objective.
+
+The restart cost is the time training stands still: write a checkpoint, tear the pods
+down, start new pods (schedule, pull, rendezvous), read the checkpoint back. Checkpoint
+traffic is estimated from the model's size and a configurable storage bandwidth; where the
+last switch was measured (checkpoint request to clean exit) that measurement replaces the
+estimate of the save and teardown.
+
+The gain is judged over the work that is left (capped by a horizon, since a prediction
+for a week from now is worth little): a switch pays when the time it saves (Throughput) or
+the money it saves (Cost) over that work exceeds what the restart costs, and the relative
+gain reaches the job's spec.replan.minPredictedGain. Called by replan.decision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from sailplan.planner.modelspec import ModelSpec
+from sailplan.planner.plan import Predictions
+
+# A checkpoint holds fp32 master weights (4 B/param) plus Adam's two fp32 moments (8); SGD
+# keeps the weights only. The trainer's engine saves exactly these (ZeRO paper, Sec. 3.1).
+CHECKPOINT_BYTES_PER_PARAM = {"adam": 12.0, "sgd": 4.0}
+
+
+@dataclass(frozen=True)
+class RestartCostModel:
+    """Defaults: 1 GB/s aggregate to checkpoint storage (a bucket or Filestore from one
+    zone), 15 s to tear pods down after the checkpoint, 90 s to schedule, start and
+    rendezvous new pods with a cached image."""
+
+    storage_bytes_per_second: float = 1e9
+    teardown_seconds: float = 15.0
+    pod_start_seconds: float = 90.0
+
+    def checkpoint_bytes(self, model: ModelSpec, optimizer: str) -> float:
+        return model.total_parameters() * CHECKPOINT_BYTES_PER_PARAM.get(optimizer, 12.0)
+
+    def restart_seconds(
+        self, model: ModelSpec, optimizer: str, measured_drain_seconds: float | None = None
+    ) -> float:
+        transfer = self.checkpoint_bytes(model, optimizer) / self.storage_bytes_per_second
+        drain = (
+            measured_drain_seconds
+            if measured_drain_seconds is not None
+            else transfer + self.teardown_seconds
+        )
+        return drain + self.pod_start_seconds + transfer
+
+
+ObjectiveKind = Literal["Throughput", "Cost"]
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The current plan against a candidate, on the same (new) cluster snapshot."""
+
+    objective: ObjectiveKind
+    current_samples_per_second: float
+    new_samples_per_second: float
+    current_usd_per_sample: float
+    new_usd_per_sample: float
+    remaining_samples: float
+    restart_seconds: float
+    gain_fraction: float  # samples/s gain (Throughput) or USD/sample saving (Cost)
+    benefit: float  # seconds saved (Throughput) or USD saved (Cost) over remaining_samples
+    restart_penalty: float  # the restart in the same unit as benefit
+    min_gain: float
+
+    @property
+    def worth_it(self) -> bool:
+        return self.gain_fraction >= self.min_gain and self.benefit > self.restart_penalty
+
+    def explain(self) -> str:
+        unit = "s" if self.objective == "Throughput" else "USD"
+        return (
+            f"predicted gain {self.gain_fraction:+.1%} (minimum {self.min_gain:.0%}), "
+            f"saves {self.benefit:.4g} {unit} over {self.remaining_samples:.0f} samples "
+            f"against a restart of {self.restart_seconds:.0f} s ({self.restart_penalty:.4g} {unit})"
+        )
+
+
+def evaluate(
+    objective: ObjectiveKind,
+    current: Predictions,
+    candidate: Predictions,
+    *,
+    global_batch_size: int,
+    remaining_samples: float,
+    horizon_seconds: float,
+    restart_seconds: float,
+    min_gain: float,
+) -> Evaluation:
+    # Work judged: what is left, but no more than the current plan does within the horizon.
+    work = max(0.0, min(remaining_samples, current.samples_per_second * horizon_seconds))
+    current_usd = current.usd_per_iteration / global_batch_size
+    new_usd = candidate.usd_per_iteration / global_batch_size
+    if objective == "Throughput":
+        gain = candidate.samples_per_second / current.samples_per_second - 1.0
+        benefit = work / current.samples_per_second - work / candidate.samples_per_second
+        penalty = restart_seconds
+    else:
+        gain = 1.0 - new_usd / current_usd if current_usd > 0 else 0.0
+        benefit = work * (current_usd - new_usd)
+        # During the restart the new plan's GPUs are already paid for and do no work.
+        penalty = restart_seconds * candidate.usd_per_hour / 3600.0
+    return Evaluation(
+        objective=objective,
+        current_samples_per_second=current.samples_per_second,
+        new_samples_per_second=candidate.samples_per_second,
+        current_usd_per_sample=current_usd,
+        new_usd_per_sample=new_usd,
+        remaining_samples=work,
+        restart_seconds=restart_seconds,
+        gain_fraction=gain,
+        benefit=benefit,
+        restart_penalty=penalty,
+        min_gain=min_gain,
+    )

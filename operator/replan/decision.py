@@ -1,0 +1,241 @@
+"""Should the job switch plans, and to which: one decision per trigger.
+
+Lost capacity (involuntary) switches at once to the best plan for what remains, or waits
+when nothing remains. A voluntary trigger (new capacity, a price change, an objective
+edit) plans anew and switches only when replan.cost says the predicted gain, after the
+restart cost, is worth it. The current plan is re-priced with simulate() on the NEW
+snapshot and the same profiles as the candidate, so both are judged on the same prices
+and the same measurements. A current plan that breaks the (edited) constraints is
+switched away from whatever the gain.
+
+Called by replan.machine with the planner the operator uses (planner.api.make_plan).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from sailplan.operator.api.trainingjob import TrainingJob
+from sailplan.operator.reconcile.nodes import NodeInfo
+from sailplan.operator.replan.cost import Evaluation, RestartCostModel, evaluate
+from sailplan.operator.replan.triggers import Trigger, WorkerPod, plan_shortfall
+from sailplan.planner.api import Infeasible, Objective, PlanRequest, PlanResult
+from sailplan.planner.catalog import Catalog
+from sailplan.planner.cluster import ClusterSnapshot
+from sailplan.planner.modelspec import ModelSpec
+from sailplan.planner.plan import Plan, Predictions
+from sailplan.planner.profiles.estimate import complete_profiles
+from sailplan.planner.profiles.types import ProfileSet
+from sailplan.planner.simulator import MissingProfileError, PlanningContext, simulate
+
+Planner = Callable[[PlanRequest, ProfileSet], PlanResult]
+
+
+@dataclass(frozen=True)
+class ReplanConfig:
+    """Operator-wide settings the CRD does not (yet) carry; see the module docs for why."""
+
+    restart: RestartCostModel = field(default_factory=RestartCostModel)
+    horizon_seconds: float = 6 * 3600.0
+    drain_timeout_seconds: float = 300.0
+    backoff_base_seconds: float = 10.0
+    backoff_cap_seconds: float = 600.0
+
+
+@dataclass(frozen=True)
+class ReplanContext:
+    planner: Planner
+    catalog: Catalog
+    config: ReplanConfig = field(default_factory=ReplanConfig)
+
+
+@dataclass(frozen=True)
+class ReplanInputs:
+    """What one pass observes, in the operator's existing types.
+
+    `plan` is the plan of the state's current generation (the reconcile's ObservedPlan),
+    `cluster` is triggers.capacity_snapshot(selected GPUPools, pods, nodes).
+    """
+
+    job: TrainingJob
+    model: ModelSpec
+    plan: Plan | None
+    pods: tuple[WorkerPod, ...]
+    nodes: Mapping[str, NodeInfo]
+    cluster: ClusterSnapshot
+    measured: ProfileSet = field(default_factory=ProfileSet)
+
+    @property
+    def step(self) -> int:
+        steps = [p.progress.step for p in self.pods if p.progress is not None]
+        if self.job.status.progress is not None:
+            steps.append(self.job.status.progress.step)
+        return max(steps, default=0)
+
+    @property
+    def last_checkpoint_step(self) -> int | None:
+        found = [
+            p.progress.last_checkpoint_step
+            for p in self.pods
+            if p.progress is not None and p.progress.last_checkpoint_step is not None
+        ]
+        progress = self.job.status.progress
+        if progress is not None and progress.last_checkpoint_step is not None:
+            found.append(progress.last_checkpoint_step)
+        return max(found, default=None)
+
+
+@dataclass(frozen=True)
+class Keep:
+    reason: str
+    evaluation: Evaluation | None = None
+
+
+@dataclass(frozen=True)
+class Switch:
+    plan: Plan
+    reason: str
+    evaluation: Evaluation | None = None
+
+
+@dataclass(frozen=True)
+class Wait:
+    code: str
+    message: str
+
+
+Decision = Keep | Switch | Wait
+
+
+def plan_request(job: TrainingJob, model: ModelSpec, cluster: ClusterSnapshot) -> PlanRequest:
+    """The PlanRequest the job's spec asks for, on `cluster` (as the first plan was made)."""
+    spec = job.spec
+    return PlanRequest(
+        model=model,
+        global_batch_size=spec.training.global_batch_size,
+        optimizer=spec.training.optimizer,
+        cluster=cluster,
+        objective=Objective(
+            kind="cost" if spec.objective.kind == "Cost" else "throughput",
+            min_samples_per_second=spec.objective.min_samples_per_second,
+            max_usd_per_hour=spec.objective.max_usd_per_hour,
+            max_usd_per_iteration=spec.objective.max_usd_per_iteration,
+        ),
+        max_pipeline_depth=spec.objective.max_pipeline_depth,
+    )
+
+
+def same_layout(a: Plan, b: Plan) -> bool:
+    """Same stages, degrees, placement and batch split: switching would change nothing."""
+    return (a.stages, a.micro_batch_size, a.num_micro_batches) == (
+        b.stages,
+        b.micro_batch_size,
+        b.num_micro_batches,
+    )
+
+
+def reprice(
+    plan: Plan, model: ModelSpec, cluster: ClusterSnapshot, measured: ProfileSet, catalog: Catalog
+) -> Predictions:
+    """Predictions of `plan` on `cluster`, with measured profiles and estimates elsewhere
+    (the same completion planner.api.make_plan applies to the candidate)."""
+    tps = sorted({s.tensor_parallel for s in plan.stages})
+    gpus = sorted({w.gpu_type for w in plan.workers()})
+    profiles = complete_profiles(
+        model,
+        gpus,
+        tps,
+        [plan.micro_batch_size],
+        measured=measured,
+        catalog=catalog,
+        optimizer=plan.optimizer,
+    )
+    profiles = complete_profiles(
+        model, cluster.gpu_types, [], [], measured=profiles, catalog=catalog
+    )
+    context = PlanningContext(
+        model=model, cluster=cluster, profiles=profiles, catalog=catalog, optimizer=plan.optimizer
+    )
+    return simulate(plan, context)
+
+
+def constraint_violations(job: TrainingJob, predicted: Predictions) -> list[str]:
+    objective = job.spec.objective
+    problems = []
+    if (
+        objective.max_usd_per_hour is not None
+        and predicted.usd_per_hour > objective.max_usd_per_hour
+    ):
+        problems.append(
+            f"costs ${predicted.usd_per_hour:.2f}/h, above maxUsdPerHour {objective.max_usd_per_hour}"
+        )
+    if (
+        objective.max_usd_per_iteration is not None
+        and predicted.usd_per_iteration > objective.max_usd_per_iteration
+    ):
+        problems.append(
+            f"costs ${predicted.usd_per_iteration:.4f}/iteration, above maxUsdPerIteration "
+            f"{objective.max_usd_per_iteration}"
+        )
+    if (
+        objective.min_samples_per_second is not None
+        and predicted.samples_per_second < objective.min_samples_per_second
+    ):
+        problems.append(
+            f"runs {predicted.samples_per_second:.1f} samples/s, below minSamplesPerSecond "
+            f"{objective.min_samples_per_second}"
+        )
+    return problems
+
+
+def decide(
+    inputs: ReplanInputs,
+    context: ReplanContext,
+    trigger: Trigger,
+    measured_drain_seconds: float | None = None,
+) -> Decision:
+    job, current = inputs.job, inputs.plan
+    if not any(p.gpus for p in inputs.cluster.pools):
+        return Wait("NoCapacity", "no free ready GPU nodes in the selected GPUPools")
+    result = context.planner(plan_request(job, inputs.model, inputs.cluster), inputs.measured)
+    if isinstance(result, Infeasible):
+        if trigger.involuntary or current is None:
+            return Wait(result.code, result.reason)
+        return Keep(f"no feasible plan on the changed cluster ({result.code}): {result.reason}")
+    candidate = result.best
+    if trigger.involuntary or current is None:
+        return Switch(candidate, trigger.message)
+    shortfall = plan_shortfall(current, inputs.cluster)
+    if shortfall:
+        return Switch(candidate, "the current plan no longer fits: " + "; ".join(shortfall))
+    if same_layout(current, candidate):
+        return Keep("the current plan is still the best plan")
+    try:
+        now_predicted = reprice(
+            current, inputs.model, inputs.cluster, inputs.measured, context.catalog
+        )
+    except (MissingProfileError, KeyError, ValueError) as error:
+        return Keep(f"the current plan cannot be re-priced on the new cluster: {error}")
+    violations = constraint_violations(job, now_predicted)
+    if violations:
+        return Switch(
+            candidate, "the current plan breaks the constraints: " + "; ".join(violations)
+        )
+    assert candidate.predictions is not None  # the planner always predicts what it returns
+    remaining = max(0, job.spec.training.steps - inputs.step) * job.spec.training.global_batch_size
+    evaluation = evaluate(
+        job.spec.objective.kind,
+        now_predicted,
+        candidate.predictions,
+        global_batch_size=job.spec.training.global_batch_size,
+        remaining_samples=remaining,
+        horizon_seconds=context.config.horizon_seconds,
+        restart_seconds=context.config.restart.restart_seconds(
+            inputs.model, job.spec.training.optimizer, measured_drain_seconds
+        ),
+        min_gain=job.spec.replan.min_predicted_gain,
+    )
+    if evaluation.worth_it:
+        return Switch(candidate, evaluation.explain(), evaluation)
+    return Keep(evaluation.explain(), evaluation)

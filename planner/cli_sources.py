@@ -1,0 +1,124 @@
+"""Files the CLI reads besides cluster/model YAML: profile directories and plan documents.
+
+Called by planner/cli.py. A profile directory (the project's layout or a Sailor artifact,
+told apart by planner-core's store) becomes a ProfileSet; a plan file is either the
+project's Plan JSON or a Sailor `plan_config_*.json` (detected by its `pipeline_list`), and
+`simulate_plan` prices it. Every user mistake is an InputError with one line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from sailplan.planner.catalog import Catalog
+from sailplan.planner.cli_inputs import InputError, default_gpus_per_node
+from sailplan.planner.cluster import ClusterSnapshot, Pool
+from sailplan.planner.plan import Plan, Predictions
+from sailplan.planner.profiles.estimate import complete_profiles
+from sailplan.planner.profiles.sailor import SailorFormatError, plan_from_sailor
+from sailplan.planner.profiles.store import ProfileStoreError, load_profile_dir
+from sailplan.planner.profiles.types import ProfileSet
+from sailplan.planner.simulator import MissingProfileError, PlanningContext, simulate
+
+DEFAULT_SAILOR_MODEL = "OPT-350M"  # the model of every plan in the Sailor artifact
+
+
+def load_profiles(path: Path, catalog: Catalog) -> ProfileSet:
+    try:
+        return load_profile_dir(path, catalog)
+    except ProfileStoreError as error:
+        raise InputError(str(error)) from None
+
+
+@dataclass(frozen=True)
+class LoadedPlan:
+    plan: Plan
+    cluster: ClusterSnapshot
+    measured_iteration_seconds: float | None = None
+
+
+def cluster_of(plan: Plan, catalog: Catalog) -> ClusterSnapshot:
+    """The smallest cluster that holds a plan: each pool it names, sized to what it uses.
+
+    A Plan names pools but not their node size; take the catalog's default node shape for
+    the GPUs used, at least the largest TP degree placed there (a TP group is one node).
+    """
+    used = plan.gpus_by_pool()
+    largest_tp: dict[str, int] = {}
+    where: dict[str, tuple[str, str]] = {}
+    for worker in plan.workers():
+        largest_tp[worker.pool] = max(largest_tp.get(worker.pool, 1), worker.tensor_parallel)
+        where[worker.pool] = (worker.gpu_type, worker.zone)
+    pools = []
+    for name, gpus in used.items():
+        gpu_type, zone = where[name]
+        per_node = max(largest_tp[name], default_gpus_per_node(catalog, gpu_type, gpus))
+        pools.append(
+            Pool(
+                name=name,
+                gpu_type=gpu_type,
+                zone=zone,
+                gpus_per_node=per_node,
+                nodes=-(-gpus // per_node),
+            )
+        )
+    return ClusterSnapshot(pools=tuple(pools))
+
+
+def load_plan_file(path: Path, catalog: Catalog, model_name: str | None) -> LoadedPlan:
+    try:
+        document = json.loads(path.read_text())
+    except OSError as error:
+        raise InputError(f"cannot read plan file {path}: {error.strerror or error}") from None
+    except json.JSONDecodeError as error:
+        raise InputError(
+            f"plan file {path} is not JSON: {error.msg} (line {error.lineno})"
+        ) from None
+    if isinstance(document, dict) and "pipeline_list" in document:
+        model = catalog.model(model_name or DEFAULT_SAILOR_MODEL)
+        try:
+            imported = plan_from_sailor(document, model, catalog)
+        except (SailorFormatError, ValueError) as error:
+            raise InputError(f"Sailor plan {path}: {str(error).splitlines()[0]}") from None
+        return LoadedPlan(imported.plan, imported.cluster, imported.measured_iteration_seconds)
+    try:
+        plan = Plan.model_validate(document)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "document"
+        raise InputError(f"plan file {path}: {where}: {first['msg']}") from None
+    if model_name is not None and catalog.resolve_model(model_name) != plan.model.name:
+        raise InputError(f"plan file {path} is for model {plan.model.name}, not {model_name}")
+    return LoadedPlan(plan, cluster_of(plan, catalog))
+
+
+def simulate_plan(loaded: LoadedPlan, measured: ProfileSet | None, catalog: Catalog) -> Predictions:
+    """simulate() the plan with measured profiles where given, estimates elsewhere."""
+    plan = loaded.plan
+    measured = measured or ProfileSet()
+    types = sorted({w.gpu_type for w in plan.workers()})
+    tps = sorted({s.tensor_parallel for s in plan.stages})
+    profiles = complete_profiles(
+        plan.model,
+        types,
+        tps,
+        [plan.micro_batch_size],
+        measured=measured,
+        catalog=catalog,
+        optimizer=plan.optimizer,
+    )
+    context = PlanningContext(
+        model=plan.model,
+        cluster=loaded.cluster,
+        profiles=profiles,
+        catalog=catalog,
+        optimizer=plan.optimizer,
+    )
+    try:
+        return simulate(plan, context)
+    except MissingProfileError as error:
+        raise InputError(str(error)) from None

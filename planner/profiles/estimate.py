@@ -1,0 +1,378 @@
+"""Analytic profiles for what nobody measured: a roofline per layer and link speeds from the catalog.
+
+The planner must be able to plan for a GPU type or a (TP, micro-batch) point that has no
+measured profile yet (a new pool, before its profiling Job ran). This module prices each
+layer from the model shape and the GPU's datasheet:
+
+- forward FLOPs of a block = 2 x (matmul parameters) x tokens + 4 x b x s^2 x h (QK^T and
+  attention-over-V), split over TP; the head adds 2 x V x h x tokens; backward = 2 x forward;
+- time = FLOPs / (peak x efficiency) + a fixed per-layer cost (kernel launches and the
+  TP all-reduces, which do not shrink with the micro-batch);
+- optimizer update = bytes the optimizer streams per parameter / memory bandwidth.
+
+efficiency and per-layer cost are calibrated per GPU type against the measured Sailor
+profiles (CALIBRATION below; tests/planner/test_profiles_estimate.py re-derives the error
+when the artifact is present). Estimated profiles carry provenance `estimated` and lose to
+any measured profile with the same key (ProfileSet), and complete_profiles() adds them only
+where nothing was measured, so a plan can list exactly which inputs were guesses.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from sailplan.planner.catalog import Catalog, CatalogError, GPUSpec
+from sailplan.planner.modelspec import ModelSpec
+from sailplan.planner.profiles.cleaning import monotone_in_micro_batch
+from sailplan.planner.profiles.types import (
+    LINK_CLASSES,
+    BandwidthCurve,
+    ComputeProfile,
+    LinkClass,
+    NetworkProfile,
+    ProfileSet,
+    Provenance,
+)
+
+ROOFLINE_TOOL = "sailplan-roofline"
+ROOFLINE_VERSION = "1"
+
+# Bytes the optimizer reads and writes per parameter in one step (mixed precision):
+# Adam reads fp16 grad + fp32 master, m, v and writes fp32 master, m, v + fp16 weight;
+# SGD (no momentum) reads grad + master, writes master + fp16 weight.
+OPTIMIZER_BYTES_PER_PARAM = {"adam": 2 + 12 + 12 + 2, "sgd": 2 + 4 + 4 + 2}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Fraction of peak FLOP/s reached by transformer layers, and a fixed cost per layer."""
+
+    efficiency: float
+    per_layer_s: float
+
+
+# fit_calibration() on the Sailor artifact's measured profiles (every model, TP degree and
+# micro-batch size measured on the GPU; blocks and head). Median relative error of a
+# layer's forward+backward: A100-40 19%, A100-80 18%, GH200-96 18%, V100-16 3.5%,
+# RTX-2080 35%, Titan-RTX 35%, RTX-3090 88% (its profile is erratic across micro-batch
+# sizes). The efficiencies are low against datasheet peaks because the artifact's layer
+# timings include framework hooks and unfused kernels; they are what training reached.
+# tests/planner/test_profiles_estimate.py refits and checks these numbers.
+CALIBRATION: dict[str, Calibration] = {
+    "A100-40": Calibration(efficiency=0.067, per_layer_s=0.0),
+    "A100-80": Calibration(efficiency=0.100, per_layer_s=1.34e-3),
+    "GH200-96": Calibration(efficiency=0.168, per_layer_s=4.26e-3),
+    "V100-16": Calibration(efficiency=0.100, per_layer_s=7.14e-3),
+    "RTX-2080": Calibration(efficiency=0.094, per_layer_s=9.23e-3),
+    "RTX-3090": Calibration(efficiency=0.075, per_layer_s=7.14e-3),
+    "Titan-RTX": Calibration(efficiency=0.030, per_layer_s=9.23e-3),
+    # Same Hopper chip and datasheet peak as the GH200 (which the artifact measured).
+    "H100-80": Calibration(efficiency=0.168, per_layer_s=4.26e-3),
+    "H200-141": Calibration(efficiency=0.168, per_layer_s=4.26e-3),
+}
+# GPUs never measured (L4, T4, user additions): the median of the measured efficiencies.
+DEFAULT_CALIBRATION = Calibration(efficiency=0.094, per_layer_s=7.14e-3)
+
+
+def calibration_for(gpu_type: str) -> Calibration:
+    return CALIBRATION.get(gpu_type, DEFAULT_CALIBRATION)
+
+
+def fit_calibration(
+    measured: ProfileSet, catalog: Catalog, models: Mapping[str, ModelSpec] | None = None
+) -> dict[str, tuple[Calibration, float]]:
+    """Per GPU type: the Calibration that best explains its measured profiles, and its error.
+
+    Every non-embedding layer of every measured profile is one point: measured
+    forward + backward against 3 x forward FLOPs / peak. The per-layer cost is searched on
+    a log grid; for each value the efficiency is the geometric median of the implied
+    efficiencies, and the pair with the smallest median |log(predicted / measured)| wins.
+    The returned error is the median relative error of the fit. Models come from `models`
+    or the catalog by profile name; profiles of unknown models are ignored.
+    """
+    points: dict[str, tuple[list[float], list[float]]] = {}
+    for profile in measured.compute:
+        if profile.provenance.source != "measured" or profile.oom:
+            continue
+        try:
+            model = (models or {}).get(profile.model) or catalog.model(profile.model)
+            gpu = catalog.gpu(profile.gpu_type)
+        except CatalogError:
+            continue
+        if len(profile.forward_s) != model.num_layers:
+            continue
+        xs, ys = points.setdefault(gpu.name, ([], []))
+        for layer in range(1, model.num_layers):
+            flops = layer_forward_flops(
+                model, layer, profile.tensor_parallel, profile.micro_batch_size
+            )
+            xs.append(3.0 * flops / gpu.peak_flops)
+            ys.append(profile.forward_s[layer] + profile.backward_s[layer])
+    fitted: dict[str, tuple[Calibration, float]] = {}
+    for gpu_name, (xs, ys) in sorted(points.items()):
+        x, y = np.asarray(xs), np.asarray(ys)
+        best: tuple[float, Calibration, float] | None = None
+        for per_layer in np.concatenate([[0.0], np.geomspace(1e-5, 2e-2, 60)]):
+            usable = y > per_layer
+            if usable.sum() < 0.9 * len(y):
+                continue
+            efficiency = float(np.exp(np.median(np.log(x[usable] / (y[usable] - per_layer)))))
+            predicted = x / efficiency + per_layer
+            score = float(np.median(np.abs(np.log(predicted / y))))
+            if best is None or score < best[0]:
+                relative = float(np.median(np.abs(predicted - y) / y))
+                best = (score, Calibration(efficiency, float(per_layer)), relative)
+        if best is not None:
+            fitted[gpu_name] = (best[1], best[2])
+    return fitted
+
+
+def layer_forward_flops(model: ModelSpec, layer: int, tp: int, micro_batch_size: int) -> float:
+    """Forward FLOPs of one layer on one TP rank for one micro-batch."""
+    tokens = micro_batch_size * model.sequence_length
+    kind = model.layer_kind(layer)
+    if kind == "embedding":
+        return 0.0
+    if kind == "head":
+        projection = model.vocab_size * model.hidden_size / tp
+        return 2.0 * projection * tokens
+    h, f = model.hidden_size, model.ffn_size
+    kv = model.kv_heads * model.head_dim
+    up = 2 * h * f if model.mlp == "swiglu" else h * f
+    matmul_params = h * (h + 2 * kv) + h * h + up + f * h
+    attention = 4.0 * micro_batch_size * model.sequence_length**2 * h
+    return (2.0 * matmul_params * tokens + attention) / tp
+
+
+def estimate_compute_profile(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    tp: int,
+    micro_batch_size: int,
+    *,
+    optimizer: str = "adam",
+    calibration: Calibration | None = None,
+) -> ComputeProfile:
+    """Roofline profile of every layer of `model` on one GPU of a TP group."""
+    cal = calibration or calibration_for(gpu.name)
+    rate = gpu.peak_flops * cal.efficiency
+    forward: list[float] = []
+    backward: list[float] = []
+    update: list[float] = []
+    per_param = OPTIMIZER_BYTES_PER_PARAM.get(optimizer, OPTIMIZER_BYTES_PER_PARAM["adam"])
+    for layer in range(model.num_layers):
+        flops = layer_forward_flops(model, layer, tp, micro_batch_size)
+        if model.layer_kind(layer) == "embedding":
+            # a gather: bound by writing the output activation
+            moved = 2.0 * micro_batch_size * model.sequence_length * model.hidden_size
+            fwd = moved / gpu.memory_bandwidth_bytes_per_s + cal.per_layer_s / 4
+            bwd = fwd
+        else:
+            fwd = flops / rate + cal.per_layer_s / 3
+            bwd = 2.0 * flops / rate + 2 * cal.per_layer_s / 3
+        forward.append(fwd)
+        backward.append(bwd)
+        update.append(
+            model.layer_parameters(layer, tp) * per_param / gpu.memory_bandwidth_bytes_per_s
+        )
+    return ComputeProfile(
+        model=model.name,
+        gpu_type=gpu.name,
+        tensor_parallel=tp,
+        micro_batch_size=micro_batch_size,
+        forward_s=tuple(forward),
+        backward_s=tuple(backward),
+        update_s=tuple(update),
+        provenance=Provenance(
+            source="estimated",
+            tool=ROOFLINE_TOOL,
+            tool_version=ROOFLINE_VERSION,
+            gpu_name=gpu.name,
+            note=f"efficiency {cal.efficiency:.3f}, per-layer {cal.per_layer_s * 1e3:.3f} ms",
+        ),
+    )
+
+
+# -- network -----------------------------------------------------------------------------
+
+# Share of a node's NIC bandwidth that NCCL reaches between nodes of one zone, the extra
+# loss across zones, and the cap across regions. The Sailor artifact's GCP measurements:
+# A100 VMs reach ~2.4 GB/s per GPU in a zone and across zones of one region alike, and
+# ~0.6 GB/s (a quarter) to another region.
+_INTRA_ZONE_SHARE = 0.8
+_INTER_ZONE_SHARE = 0.75
+_INTER_REGION_SHARE = 0.2
+_LATENCY_S: dict[LinkClass, float] = {
+    "intra-node": 1e-5,
+    "intra-zone": 5e-5,
+    "inter-zone": 5e-4,
+    "inter-region": 1.5e-2,
+}
+
+
+def default_network_curve(
+    catalog: Catalog, link: LinkClass, gpu_a: str, gpu_b: str, gpus_per_node: int = 1
+) -> BandwidthCurve:
+    """A flat bandwidth for a link class from the catalog's link and NIC speeds."""
+    spec_a = catalog.gpu(gpu_a) if gpu_a else None
+    spec_b = catalog.gpu(gpu_b) if gpu_b else spec_a
+    if link == "intra-node":
+        rate = 16e9 if spec_a is None else spec_a.intra_node_bytes_per_s
+    else:
+        nic = min(
+            (s.node_network_bytes_per_s for s in (spec_a, spec_b) if s is not None),
+            default=1.25e9,
+        )
+        # a TP group of g GPUs on a node with n GPUs gets g/n of the node's NIC; the
+        # catalog gives the NIC of the largest node, so scale by the GPUs in use
+        largest = max((max(s.gpus_per_node) for s in (spec_a, spec_b) if s is not None), default=1)
+        nic *= min(1.0, max(1, gpus_per_node) / largest)
+        share = {
+            "intra-zone": _INTRA_ZONE_SHARE,
+            "inter-zone": _INTRA_ZONE_SHARE * _INTER_ZONE_SHARE,
+            "inter-region": _INTER_REGION_SHARE,
+        }[link]
+        rate = nic * share
+    return BandwidthCurve(
+        coefficients=(0.0, 0.0, rate / 1e9),
+        max_bytes_per_s=rate,
+        min_bytes_per_s=min(1e6, rate),
+        latency_s=_LATENCY_S[link],
+    )
+
+
+def default_network_profile(
+    catalog: Catalog, link: LinkClass, gpu_a: str, gpu_b: str, gpus_per_node: int = 0
+) -> NetworkProfile:
+    return NetworkProfile(
+        link=link,
+        gpu_type=gpu_a,
+        peer_gpu_type="" if link == "intra-node" else gpu_b,
+        gpus_per_node=gpus_per_node,
+        curve=default_network_curve(catalog, link, gpu_a, gpu_b, max(1, gpus_per_node)),
+        provenance=Provenance(
+            source="estimated",
+            tool=ROOFLINE_TOOL,
+            tool_version=ROOFLINE_VERSION,
+            note="from catalog link and NIC speeds",
+        ),
+    )
+
+
+def _nearest_measured(
+    measured: ProfileSet, model: str, gpu: str, tp: int, mbs: int
+) -> ComputeProfile | None:
+    """The measured point of the same model and GPU closest to (tp, mbs): same TP first,
+    then the nearest micro-batch size on a log scale (ties: the larger one, which is less
+    launch-bound)."""
+    grid = measured.compute_grid(model, gpu)
+    if not grid:
+        return None
+
+    def distance(point: tuple[int, int]) -> tuple[int, float, int]:
+        other_tp, other_mbs = point
+        return (
+            abs(math.log2(other_tp / tp)) > 0,
+            abs(math.log2(other_mbs / mbs)) + abs(math.log2(other_tp / tp)),
+            -other_mbs,
+        )
+
+    best_tp, best_mbs = min(grid, key=distance)
+    profile = measured.compute_profile(model, gpu, best_tp, best_mbs)
+    if profile is None or profile.oom or profile.provenance.source != "measured":
+        return None
+    return profile
+
+
+def anchored_estimate(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    estimate: ComputeProfile,
+    anchor: ComputeProfile,
+    optimizer: str = "adam",
+) -> ComputeProfile:
+    """Scale a measured profile to another grid point by the roofline's ratio, layer by layer.
+
+    The roofline is better at how time changes with micro-batch size or TP degree than at
+    the absolute level on a given machine; the measurement fixes the level:
+    t(target) = t_measured(anchor) x roofline(target) / roofline(anchor).
+    """
+    reference = estimate_compute_profile(
+        model, gpu, anchor.tensor_parallel, anchor.micro_batch_size, optimizer=optimizer
+    )
+
+    def scaled(
+        target: tuple[float, ...], ref: tuple[float, ...], meas: tuple[float, ...]
+    ) -> tuple[float, ...]:
+        return tuple(m * t / r if r > 0 else t for t, r, m in zip(target, ref, meas, strict=True))
+
+    same_tp = anchor.tensor_parallel == estimate.tensor_parallel
+    return estimate.model_copy(
+        update={
+            "forward_s": scaled(estimate.forward_s, reference.forward_s, anchor.forward_s),
+            "backward_s": scaled(estimate.backward_s, reference.backward_s, anchor.backward_s),
+            # the optimizer step does not depend on the micro-batch size
+            "update_s": anchor.update_s
+            if same_tp
+            else scaled(estimate.update_s, reference.update_s, anchor.update_s),
+            "provenance": estimate.provenance.model_copy(
+                update={
+                    "note": f"roofline scaled from measured {anchor.key} ({anchor.provenance.tool})"
+                }
+            ),
+        }
+    )
+
+
+def complete_profiles(
+    model: ModelSpec,
+    gpu_types: Iterable[str],
+    tensor_parallel_degrees: Iterable[int],
+    micro_batch_sizes: Iterable[int],
+    *,
+    measured: ProfileSet,
+    catalog: Catalog,
+    optimizer: str = "adam",
+) -> ProfileSet:
+    """`measured` plus an estimate for every grid point and link nobody measured.
+
+    Measured compute profiles are first made non-decreasing in micro-batch size
+    (cleaning.monotone_in_micro_batch). Compute: each (GPU type, TP, micro-batch) with no
+    profile for the model gets a roofline profile (TP degrees the model cannot split are
+    skipped), anchored to the nearest measured point of the same GPU type when there is
+    one (anchored_estimate). Network: each link class and GPU pair without a measured (or
+    already present) profile gets a catalog default.
+    """
+    measured = monotone_in_micro_batch(measured)
+    gpus = sorted({catalog.resolve_gpu(g) for g in gpu_types})
+    tps = sorted(set(tensor_parallel_degrees))
+    mbss = sorted(set(micro_batch_sizes))
+    compute: list[ComputeProfile] = []
+    for gpu in gpus:
+        spec = catalog.gpu(gpu)
+        for tp in tps:
+            if not model.supports_tensor_parallel(tp):
+                continue
+            for mbs in mbss:
+                if measured.compute_profile(model.name, gpu, tp, mbs) is None:
+                    estimate = estimate_compute_profile(model, spec, tp, mbs, optimizer=optimizer)
+                    anchor = _nearest_measured(measured, model.name, gpu, tp, mbs)
+                    if anchor is not None:
+                        estimate = anchored_estimate(model, spec, estimate, anchor, optimizer)
+                    compute.append(estimate)
+    network: list[NetworkProfile] = []
+    for link in LINK_CLASSES:
+        pairs = (
+            [(g, g) for g in gpus]
+            if link == "intra-node"
+            else [(a, b) for a in gpus for b in gpus if a <= b]
+        )
+        for a, b in pairs:
+            peer = "" if link == "intra-node" else b
+            if measured.network_profile(link, a, peer) is None:
+                network.append(default_network_profile(catalog, link, a, b))
+    return measured.merged(ProfileSet(compute=tuple(compute), network=tuple(network)))

@@ -1,0 +1,339 @@
+"""Exact stage-by-stage dynamic program: which layers and which GPU kind each stage gets.
+
+The search (engine.py) fixes the data-parallel degree D, the micro-batch size and the
+pipeline depth P; this module then chooses, jointly and exactly, the layer boundaries (any
+contiguous split, not only uniform ones) and each stage's *kind* (GPU type, TP degree,
+zone) under the cluster's capacity.
+
+Why a DP with Pareto fronts: the simulator's iteration time is
+
+    T = sum_i t_i + 2 sum_k x_k + (M - 1) max_i (t_i + x_{i-1} + x_i) + max_i z_i + c
+
+(t: a stage's forward+backward per micro-batch, x: the boundary transfer between adjacent
+stages, which depends on the two kinds, z: a stage's exposed all-reduce + optimizer step).
+Two max-terms and a sum do not decompose, so a plain min-DP would be wrong. Keeping, per
+(boundary layer, GPUs used per GPU type and zone, last kind), the Pareto front of (closed
+max cycle, sum, max z, open cycle of the last stage) is exact; with real models' layer
+counts (tens) the fronts stay small. A partial state whose optimistic completion (every
+bound the caller passes: remaining layers at their fastest, capacity-aware balance, layer
+granularity, the cheapest hops and tails still to come) cannot beat the caller's threshold
+(the current k-th best) is dropped: branch and bound, exact for the best plan.
+
+Called only by engine.py. Pure python/numpy, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+Usage = tuple[int, ...]
+"""GPUs demanded per usage slot (a GPU type in a zone, or spanning zones)."""
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One stage kind for the DP: its matrices ([a, b] = stage of layers [a, b))."""
+
+    slot: int  # usage index: the (GPU type, zone) whose capacity the stage draws on
+    gpus: int  # GPUs one stage of this kind takes (D x TP)
+    compute: list[list[float]]
+    tail: list[list[float]]
+    fits: Callable[[int], list[list[bool]]]  # in-flight micro-batches -> feasible ranges
+
+
+@dataclass(frozen=True)
+class DPResult:
+    """Best completion for one (final usage vector, last kind)."""
+
+    time: float
+    usage: Usage
+    boundaries: tuple[int, ...]
+    kinds: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class _Label:
+    closed: float  # largest cycle of the stages whose both neighbours are known
+    total: float  # sum of stage times and twice the boundary times so far
+    max_tail: float
+    open_cycle: float  # the last stage's cycle without its outgoing boundary
+    # the plan so far as a chain to the previous stage's label: copying whole tuples per
+    # label cost more than the DP's arithmetic on deep pipelines
+    parent: _Label | None
+    end: int  # the last stage's end layer (0 for the empty start)
+    kind: int  # the last stage's kind (-1 for the empty start)
+
+    def path(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(boundaries from 0, kinds) of the plan this label ends."""
+        ends: list[int] = []
+        kinds: list[int] = []
+        label: _Label | None = self
+        while label is not None:
+            ends.append(label.end)
+            if label.kind >= 0:
+                kinds.append(label.kind)
+            label = label.parent
+        return tuple(reversed(ends)), tuple(reversed(kinds))
+
+    def dominates(self, other: _Label) -> bool:
+        return (
+            self.closed <= other.closed
+            and self.total <= other.total
+            and self.max_tail <= other.max_tail
+            and self.open_cycle <= other.open_cycle
+        )
+
+
+def _insert(front: list[_Label], label: _Label) -> None:
+    closed, total, tail, open_cycle = label.closed, label.total, label.max_tail, label.open_cycle
+    beaten = False
+    for existing in front:
+        if (
+            existing.closed <= closed
+            and existing.total <= total
+            and existing.max_tail <= tail
+            and existing.open_cycle <= open_cycle
+        ):
+            return
+        if (
+            closed <= existing.closed
+            and total <= existing.total
+            and tail <= existing.max_tail
+            and open_cycle <= existing.open_cycle
+        ):
+            beaten = True
+    if beaten:
+        front[:] = [f for f in front if not label.dominates(f)]
+    front.append(label)
+
+
+def _usage_entry(
+    usage: Usage,
+    *,
+    usage_ok: Callable[[Usage], bool],
+    limit: Callable[[Usage], float],
+    stage_speed: Callable[[Usage, int], float],
+    stages_after: int,
+    rest: npt.NDArray[np.float64],
+    rest_heavy: npt.NDArray[np.float64],
+    split_after: npt.NDArray[np.float64],
+    min_hop: float,
+    num_layers: int,
+    no_spread: list[float],
+) -> tuple[float, list[float]] | None:
+    """A grown usage's time limit and, per end layer, the least cycle the stages still to
+    come force (None: the usage can never be served or can never matter)."""
+    if not usage_ok(usage):
+        return None
+    bound = limit(usage)
+    if bound <= 0:
+        return None
+    if not stages_after:
+        return bound, no_spread
+    speed = max(stage_speed(usage, stages_after), 1e-300)
+    # the best single stage still possible: no remaining stage is worth more
+    best_one = stage_speed(usage, 1)
+    r = stages_after
+    # no stage left to fill (speed 0) makes the shares infinite: inf is the right bound
+    with np.errstate(over="ignore"):
+        # per end layer e < L (numpy: the same IEEE arithmetic as scalar code, once per usage)
+        heavy = rest_heavy[:num_layers]
+        # the layers still to place go to the remaining stages: one of them takes at least
+        # its share, so the cycle is at least that
+        spread = np.maximum(heavy / speed, split_after[:num_layers]) + min_hop
+        # every remaining stage has an incoming hop and all but the last an outgoing one:
+        # the r cycles sum to at least the rest's work plus 2r - 1 hops
+        spread = np.maximum(spread, (rest[:num_layers] + (2 * r - 1) * min_hop) / r)
+        # the same with stage speeds: sum_j (C - e_j h) v_j >= heavy work, the hop counts
+        # e_j are 2 but for the last stage (v_last <= best_one), sum_j v_j <= speed
+        heavy_left = heavy - min_hop * best_one
+        weighted = np.where(heavy_left >= 0.0, heavy_left / speed + 2.0 * min_hop, 0.0)
+        spreads: list[float] = np.maximum(spread, weighted).tolist()
+    spreads.append(0.0)
+    return bound, spreads
+
+
+def solve(
+    *,
+    num_layers: int,
+    depth: int,
+    micro_batches: int,
+    constant: float,
+    kinds: Sequence[Kind],
+    num_slots: int,
+    boundary: Sequence[Sequence[float]],
+    usage_ok: Callable[[Usage], bool],
+    final_ok: Callable[[Usage], bool],
+    limit: Callable[[Usage], float],
+    rest_lower: npt.NDArray[np.float64],
+    rest_heavy: npt.NDArray[np.float64],
+    tail_lower: npt.NDArray[np.float64],
+    split_lower: Sequence[Sequence[float]],
+    stage_speed: Callable[[Usage, int], float],
+    kind_allowed: Callable[[Usage, int], bool] | None = None,
+) -> list[DPResult]:
+    """Minimum iteration time per feasible (usage, last kind) for a P = depth pipeline.
+
+    boundary[k][j]: seconds to move one activation from a stage of kind k to one of kind j.
+    usage_ok prunes partial usage that can never be served (must be monotone), final_ok is
+    the exact capacity check of a complete pipeline. limit(usage) is the time a plan with
+    that usage must not exceed to matter (k-th best so far, constraints); it must not
+    increase as usage grows. rest_lower[b] lower-bounds sum_i t_i over layers [b, L), and
+    stage_speed(usage, r) bounds from above how many "fastest-kind stages" r more stages
+    are worth with what `usage` leaves, so the slowest of them takes at least
+    rest_heavy[b] / stage_speed(usage, r)
+    (rest_heavy: the same sums over the layers the speed bound was computed on), and
+    tail_lower[c] lower-bounds the tail of any stage of at least c layers, and
+    split_lower[r][b] the slowest of r stages covering layers [b, L). kind_allowed(usage, k)
+    may forbid kind k after `usage` (the caller's symmetry breaking).
+    """
+    m1 = micro_batches - 1
+    # python lists: the loops below index single entries, much faster than numpy scalars
+    fits_lists = [[k.fits(min(depth - s, micro_batches)) for k in kinds] for s in range(depth)]
+    compute_lists = [k.compute for k in kinds]
+    tail_lists = [k.tail for k in kinds]
+    rest_list = rest_lower.tolist()
+    min_hop = min(min(row) for row in boundary) if boundary else 0.0
+    tail_by_length = tail_lower.tolist()
+    no_spread = [0.0] * (num_layers + 1)
+    # per stage position and end layer: the least tail the longest remaining stage has
+    tail_floors = []
+    for s in range(depth):
+        after = depth - s - 1
+        tail_floors.append(
+            [
+                tail_by_length[-(-(num_layers - end) // after)]
+                if after and end < num_layers
+                else 0.0
+                for end in range(num_layers + 1)
+            ]
+        )
+    zero: Usage = (0,) * num_slots
+    # state: (first free layer, usage, last kind or -1) -> Pareto front
+    fronts: dict[tuple[int, Usage, int], list[_Label]] = {
+        (0, zero, -1): [_Label(0.0, 0.0, 0.0, 0.0, None, 0, -1)]
+    }
+    for s in range(depth):
+        last_stage = s == depth - 1
+        last_end = num_layers - (depth - s - 1)
+        stages_after = depth - s - 1
+        next_fronts: dict[tuple[int, Usage, int], list[_Label]] = {}
+        split_after = np.asarray(split_lower[stages_after], dtype=np.float64)
+        hops_after = 2.0 * min_hop * stages_after
+        # every boundary still to come costs at least the cheapest hop, twice in the
+        # fill/drain and once in the cycles of the stages on both its sides
+        hop_out = min_hop if stages_after else 0.0
+        tail_floor = tail_floors[s]
+        # per grown usage: (its time limit, the per-end spread bound); many states of this
+        # stage grow to the same usage, and neither depends on anything else
+        per_usage: dict[Usage, tuple[float, list[float]] | None] = {}
+        allowed_after: dict[Usage, list[tuple[int, Kind]]] = {}
+        for (start, usage, previous), front in sorted(fronts.items()):
+            allowed = allowed_after.get(usage)
+            if allowed is None:
+                allowed = allowed_after[usage] = [
+                    (k, kind)
+                    for k, kind in enumerate(kinds)
+                    if kind_allowed is None or kind_allowed(usage, k)
+                ]
+            for k, kind in allowed:
+                grown = list(usage)
+                grown[kind.slot] += kind.gpus
+                new_usage: Usage = tuple(grown)
+                if new_usage in per_usage:
+                    entry = per_usage[new_usage]
+                else:
+                    entry = per_usage[new_usage] = _usage_entry(
+                        new_usage,
+                        usage_ok=usage_ok,
+                        limit=limit,
+                        stage_speed=stage_speed,
+                        stages_after=stages_after,
+                        rest=rest_lower,
+                        rest_heavy=rest_heavy,
+                        split_after=split_after,
+                        min_hop=min_hop,
+                        num_layers=num_layers,
+                        no_spread=no_spread,
+                    )
+                if entry is None:
+                    continue
+                bound, spreads = entry
+                x = boundary[previous][k] if previous >= 0 else 0.0
+                ends = (
+                    range(num_layers, num_layers + 1)
+                    if last_stage
+                    else range(start + 1, last_end + 1)
+                )
+                feasible = fits_lists[s][k][start]
+                compute_row = compute_lists[k][start]
+                tail_row = tail_lists[k][start]
+                two_x = 2.0 * x
+                # the innermost loop: plain comparisons instead of max(), a builtin call
+                # costs several times more here (PLR1730 is silenced for that reason)
+                for label in front:
+                    if previous >= 0:
+                        closed = label.open_cycle + x
+                        if label.closed > closed:  # noqa: PLR1730
+                            closed = label.closed
+                    else:
+                        closed = 0.0
+                    label_total = label.total
+                    label_tail = label.max_tail
+                    base = label_total + two_x + constant + hops_after + label_tail
+                    for end in ends:
+                        # memory and this lower bound only grow with the stage's end layer
+                        # (its time grows by at least what the rest bound loses), so the
+                        # first failing end ends the loop
+                        if not feasible[end]:
+                            break
+                        t = compute_row[end]
+                        open_cycle = t + x
+                        steady = open_cycle + hop_out
+                        if closed > steady:  # noqa: PLR1730
+                            steady = closed
+                        growing = base + t + rest_list[end] + m1 * steady
+                        if growing > bound:
+                            break
+                        max_tail = tail_row[end]
+                        if label_tail > max_tail:  # noqa: PLR1730
+                            max_tail = label_tail
+                        floor = tail_floor[end]
+                        if floor > max_tail:  # noqa: PLR1730
+                            max_tail = floor
+                        optimistic = growing + (max_tail - label_tail)
+                        spread = spreads[end]
+                        if spread > steady:
+                            optimistic += m1 * (spread - steady)
+                        if optimistic > bound:
+                            continue
+                        grown_label = _Label(
+                            closed, label_total + t + two_x, max_tail, open_cycle, label, end, k
+                        )
+                        key = (end, new_usage, k)
+                        bucket = next_fronts.get(key)
+                        if bucket is None:
+                            next_fronts[key] = [grown_label]
+                        else:
+                            _insert(bucket, grown_label)
+        fronts = next_fronts
+        if not fronts:
+            return []
+    results: list[DPResult] = []
+    for (end, usage, _last), front in sorted(fronts.items()):
+        if end != num_layers or not final_ok(usage):
+            continue
+        scored = [
+            (
+                label.total + m1 * max(label.closed, label.open_cycle) + label.max_tail + constant,
+                *label.path(),
+            )
+            for label in front
+        ]
+        time, boundaries, chosen = min(scored)
+        results.append(DPResult(time=time, usage=usage, boundaries=boundaries, kinds=chosen))
+    return results

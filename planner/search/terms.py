@@ -1,0 +1,116 @@
+"""Stage cost matrices for the search, from the simulator's fast cost API.
+
+For one micro-batch size and data-parallel degree, every stage *kind* (GPU type, TP degree)
+gets (L+1) x (L+1) matrices over layer ranges [a, b): forward+backward seconds, exposed
+all-reduce + optimizer seconds, and peak memory per in-flight count. They are built with
+numpy from the CostModel's prefix sums (one vector operation per matrix, not one call per
+range), with the same arithmetic as simulate() for a stage whose replicas all sit in one
+zone: the search ranks with these and then prices its finalists with simulate() itself.
+
+Called by engine.py; pure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from sailplan.planner.profiles.types import BandwidthCurve
+from sailplan.planner.simulator.costs import CostModel, StageTable
+
+FloatMatrix = npt.NDArray[np.float64]
+BoolMatrix = npt.NDArray[np.bool_]
+
+
+def _range_matrix(prefix: npt.NDArray[np.float64]) -> FloatMatrix:
+    """M[a, b] = prefix[b] - prefix[a] (meaningful for a < b)."""
+    return prefix[None, :] - prefix[:, None]
+
+
+@dataclass(frozen=True)
+class KindTables:
+    """Cost matrices of one stage kind at one (micro-batch size, data-parallel degree)."""
+
+    gpu_type: str
+    tensor_parallel: int
+    table: StageTable
+    compute: FloatMatrix  # forward + backward of one micro-batch
+    tail: FloatMatrix  # exposed all-reduce + optimizer update
+    capacity_bytes: float
+    _memory_base: FloatMatrix = field(repr=False)
+    _memory_per_flight: FloatMatrix = field(repr=False)
+    _lists: dict[object, list[list[float]] | list[list[bool]]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+
+    def fits(self, in_flight: int) -> BoolMatrix:
+        need = self._memory_base + self._memory_per_flight * in_flight
+        return need <= self.capacity_bytes
+
+    # Python lists of the matrices for the DP's scalar loops (indexing a list is several
+    # times faster than a numpy scalar), built once per kind and reused by every depth.
+    def fits_list(self, in_flight: int) -> list[list[bool]]:
+        key = ("fits", in_flight)
+        if key not in self._lists:
+            self._lists[key] = self.fits(in_flight).tolist()
+        return self._lists[key]  # type: ignore[return-value]
+
+    def compute_list(self) -> list[list[float]]:
+        if "compute" not in self._lists:
+            self._lists["compute"] = self.compute.tolist()
+        return self._lists["compute"]  # type: ignore[return-value]
+
+    def tail_list(self) -> list[list[float]]:
+        if "tail" not in self._lists:
+            self._lists["tail"] = self.tail.tolist()
+        return self._lists["tail"]  # type: ignore[return-value]
+
+    def memory_bytes(self, a: int, b: int, in_flight: int) -> float:
+        return float(self._memory_base[a, b] + self._memory_per_flight[a, b] * in_flight)
+
+
+def kind_tables(
+    costs: CostModel,
+    *,
+    gpu_type: str,
+    tp: int,
+    mbs: int,
+    dp: int,
+    ring_curve: BandwidthCurve,
+) -> KindTables | None:
+    """Matrices for a stage of `dp` replicas of (gpu_type, tp) whose ring runs over ring_curve."""
+    table = costs.table(gpu_type, tp, mbs)
+    if table is None:
+        return None
+    n = costs.num_layers + 1
+    upper = np.triu(np.ones((n, n), dtype=bool), k=1)
+    compute = _range_matrix(table.forward) + _range_matrix(table.backward)
+    update = _range_matrix(table.update)
+    params = _range_matrix(table.params)
+    grads = np.where(upper, params * tp * costs.constants.gradient_bytes, 0.0)
+    allreduce = costs.allreduce_seconds_array(grads, dp, ring_curve)
+    if costs.constants.overlap_allreduce and dp > 1:
+        # simulate(): what the last backward cannot hide, at least the last bucket
+        bucket = costs.constants.bucket_bytes
+        last = grads - bucket * np.floor(np.maximum(grads - 1e-9, 0.0) / bucket)
+        hidden = np.maximum(0.0, allreduce - _range_matrix(table.backward))
+        allreduce = np.maximum(hidden, costs.allreduce_seconds_array(last, dp, ring_curve))
+    tail = allreduce + update
+    activations = _range_matrix(table.activations)
+    boundary = np.zeros((n, 1))
+    boundary[1:, 0] = costs.boundary_bytes(mbs)  # a stage that is not first holds its input
+    base = params * costs.bytes_per_param + costs.constants.framework_overhead_bytes
+    per_flight = (activations + boundary) * costs.constants.activation_allocator_factor
+    inf = np.inf
+    return KindTables(
+        gpu_type=gpu_type,
+        tensor_parallel=tp,
+        table=table,
+        compute=np.where(upper, compute, inf),
+        tail=np.where(upper, tail, inf),
+        capacity_bytes=costs.gpu_memory_bytes(gpu_type),
+        _memory_base=np.where(upper, base, inf),
+        _memory_per_flight=np.where(upper, per_flight, 0.0),
+    )

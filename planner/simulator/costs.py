@@ -1,0 +1,424 @@
+"""The fast cost API: O(1) prices of stages, links and GPUs for the search, shared with simulate().
+
+The search evaluates millions of candidate stages, so every quantity that depends on a
+layer range is a difference of two prefix sums over a per-(GPU type, TP, micro-batch size)
+table built once with numpy; link and price lookups are cached per key; nothing here builds
+pydantic objects. simulate() (simulator/simulate.py) is written on top of these same
+functions, so the search and the simulator agree exactly.
+
+Conventions:
+- layer ranges are half-open [a, b), as in Stage;
+- an endpoint is anything with `pool`, `gpu_type` and `zone` (a plan Replica, or the
+  search's own light tuples via `Endpoint`);
+- byte counts passed to the link functions are what one TP group moves: the caller does not
+  split them across TP ranks (the curve for the group's GPUs per node carries that).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from sailplan.planner.cluster import region_of
+from sailplan.planner.profiles.memory import boundary_activation_bytes, layer_activation_bytes
+from sailplan.planner.profiles.types import BandwidthCurve, LinkClass
+
+if TYPE_CHECKING:
+    from sailplan.planner.simulator.context import PlanningContext
+
+FloatArray = npt.NDArray[np.float64]
+
+
+class MissingProfileError(LookupError):
+    """Something the plan needs is not in the context: a compute profile (measured or
+    estimated) for a GPU type / TP / micro-batch point, or the pool a replica names."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class EndpointLike(Protocol):
+    @property
+    def pool(self) -> str: ...
+    @property
+    def gpu_type(self) -> str: ...
+    @property
+    def zone(self) -> str: ...
+
+
+E = TypeVar("E", bound=EndpointLike)
+
+
+class Endpoint(NamedTuple):
+    """A light stand-in for plan.Replica in the search's hot loop."""
+
+    pool: str
+    gpu_type: str
+    zone: str
+
+
+@dataclass(frozen=True)
+class StageTable:
+    """Prefix sums over layers for one (GPU type, TP, micro-batch size): entry i = sum of layers < i."""
+
+    gpu_type: str
+    tensor_parallel: int
+    micro_batch_size: int
+    forward: FloatArray
+    backward: FloatArray
+    update: FloatArray
+    params: FloatArray  # parameters per TP rank
+    activations: FloatArray  # bytes kept for backward per micro-batch per TP rank
+
+    def forward_backward_seconds(self, a: int, b: int) -> float:
+        return float(self.forward[b] - self.forward[a] + self.backward[b] - self.backward[a])
+
+    def forward_seconds(self, a: int, b: int) -> float:
+        return float(self.forward[b] - self.forward[a])
+
+    def backward_seconds(self, a: int, b: int) -> float:
+        return float(self.backward[b] - self.backward[a])
+
+    def update_seconds(self, a: int, b: int) -> float:
+        return float(self.update[b] - self.update[a])
+
+    def parameters(self, a: int, b: int) -> float:
+        return float(self.params[b] - self.params[a])
+
+    def activation_bytes(self, a: int, b: int) -> float:
+        return float(self.activations[b] - self.activations[a])
+
+
+def in_flight_micro_batches(stage: int, num_stages: int, num_micro_batches: int) -> int:
+    """Micro-batches whose activations stage `stage` holds at its peak under 1F1B."""
+    return min(num_stages - stage, num_micro_batches)
+
+
+def one_f_one_b_seconds(
+    stage_seconds: Sequence[float], boundary_seconds: Sequence[float], num_micro_batches: int
+) -> float:
+    """Forward/backward time of one iteration of a 1F1B pipeline with heterogeneous stages.
+
+    stage_seconds[i] = forward + backward of one micro-batch on stage i (its slowest
+    replica); boundary_seconds[k] = time to move one activation between stage k and k+1
+    (the gradient going back has the same size and link). The first micro-batch crosses
+    every stage and boundary forward and back (warm-up plus cool-down); the other M - 1
+    leave at the pace of the slowest stage's cycle, which includes the activation it sends
+    on and the gradient it sends back:
+
+        T = sum_i t_i + 2 * sum_k x_k + (M - 1) * max_i (t_i + x_{i-1} + x_i)
+
+    For equal stages without communication this is the textbook (M + P - 1)(f + b).
+    """
+    num_stages = len(stage_seconds)
+    cycle = 0.0
+    for i, t in enumerate(stage_seconds):
+        incoming = boundary_seconds[i - 1] if i > 0 else 0.0
+        outgoing = boundary_seconds[i] if i < num_stages - 1 else 0.0
+        cycle = max(cycle, t + incoming + outgoing)
+    fill_drain = sum(stage_seconds) + 2.0 * sum(boundary_seconds[: num_stages - 1])
+    return fill_drain + (num_micro_batches - 1) * cycle
+
+
+def transfer_seconds_array(curve: BandwidthCurve, nbytes: FloatArray) -> FloatArray:
+    """BandwidthCurve.transfer_seconds over an array of message sizes (0 where size <= 0)."""
+    sizes = np.asarray(nbytes, dtype=np.float64)
+    positive = sizes > 0
+    safe = np.where(positive, sizes, 1.0)
+    x = np.log2(safe / 1e6)
+    c0, c1, c2 = curve.coefficients
+    rate = np.clip((c0 * x * x + c1 * x + c2) * 1e9, curve.min_bytes_per_s, curve.max_bytes_per_s)
+    seconds: FloatArray = np.where(positive, curve.latency_s + safe / rate, 0.0)
+    return seconds
+
+
+class CostModel:
+    """Cost tables and cached link/price lookups for one PlanningContext."""
+
+    def __init__(self, context: PlanningContext) -> None:
+        self.context = context
+        self.model = context.model
+        self.constants = context.constants
+        self.num_layers = context.model.num_layers
+        self.bytes_per_param = context.constants.bytes_per_param(context.optimizer)
+        self._tables: dict[tuple[str, int, int], StageTable | None] = {}
+        self._curves: dict[tuple[LinkClass, str, str, int], BandwidthCurve] = {}
+        self._pools = {p.name: p for p in context.cluster.pools}
+        self._prices: dict[str, float] = {}
+        self._egress: dict[tuple[str, str], float] = {}
+        self._memory: dict[str, float] = {}
+        self._p2p: dict[tuple[str, str, str, str, str, str, int, bool, float], float] = {}
+
+    # -- compute -------------------------------------------------------------------------
+
+    def table(self, gpu_type: str, tp: int, mbs: int) -> StageTable | None:
+        """The prefix tables of a grid point, or None when it has no profile or does not fit."""
+        key = (gpu_type, tp, mbs)
+        if key not in self._tables:
+            self._tables[key] = self._build_table(gpu_type, tp, mbs)
+        return self._tables[key]
+
+    def require_table(self, gpu_type: str, tp: int, mbs: int) -> StageTable:
+        table = self.table(gpu_type, tp, mbs)
+        if table is None:
+            available = self.context.profiles.compute_grid(self.model.name, gpu_type)
+            raise MissingProfileError(
+                f"no usable compute profile for {self.model.name} on {gpu_type} at TP={tp}, "
+                f"micro-batch {mbs}; available (tp, mbs): {available or 'none'}"
+            )
+        return table
+
+    def _build_table(self, gpu_type: str, tp: int, mbs: int) -> StageTable | None:
+        profile = self.context.profiles.compute_profile(self.model.name, gpu_type, tp, mbs)
+        if profile is None or profile.oom or len(profile.forward_s) != self.num_layers:
+            return None
+        flash = self.constants.flash_attention
+
+        def prefix(values: Sequence[float]) -> FloatArray:
+            out = np.zeros(self.num_layers + 1, dtype=np.float64)
+            np.cumsum(np.asarray(values, dtype=np.float64), out=out[1:])
+            return out
+
+        return StageTable(
+            gpu_type=gpu_type,
+            tensor_parallel=tp,
+            micro_batch_size=mbs,
+            forward=prefix(profile.forward_s),
+            backward=prefix(profile.backward_s),
+            update=prefix(profile.update_s),
+            params=prefix([self.model.layer_parameters(i, tp) for i in range(self.num_layers)]),
+            activations=prefix(
+                [
+                    layer_activation_bytes(self.model, i, tp, mbs, flash)
+                    for i in range(self.num_layers)
+                ]
+            ),
+        )
+
+    def boundary_bytes(self, mbs: int) -> int:
+        """Bytes of one activation (or its gradient) crossing a stage boundary."""
+        return boundary_activation_bytes(self.model, mbs)
+
+    def stage_memory_bytes(
+        self,
+        table: StageTable,
+        a: int,
+        b: int,
+        *,
+        stage: int,
+        num_stages: int,
+        num_micro_batches: int,
+    ) -> float:
+        """Peak memory of one GPU of a stage replica holding layers [a, b).
+
+        Model states (weights, gradients, optimizer) + the activations of the micro-batches
+        1F1B keeps in flight (each with its received input when the stage is not the first)
+        + the framework's fixed overhead.
+        """
+        in_flight = in_flight_micro_batches(stage, num_stages, num_micro_batches)
+        activations = table.activation_bytes(a, b)
+        if a > 0:
+            activations += self.boundary_bytes(table.micro_batch_size)
+        return (
+            table.parameters(a, b) * self.bytes_per_param
+            + activations * in_flight * self.constants.activation_allocator_factor
+            + self.constants.framework_overhead_bytes
+        )
+
+    def gradient_bytes(self, table: StageTable, a: int, b: int) -> float:
+        """Gradient bytes one TP group all-reduces for layers [a, b) (all its ranks together)."""
+        return table.parameters(a, b) * table.tensor_parallel * self.constants.gradient_bytes
+
+    def gpu_memory_bytes(self, gpu_type: str) -> float:
+        cached = self._memory.get(gpu_type)
+        if cached is None:
+            cached = float(self.context.catalog.gpu(gpu_type).memory_bytes)
+            self._memory[gpu_type] = cached
+        return cached
+
+    # -- network -------------------------------------------------------------------------
+
+    def link_class(self, a: EndpointLike, b: EndpointLike, same_node: bool = False) -> LinkClass:
+        """Which measured link two workers talk over.
+
+        Two workers of a plan are separate Pods that the scheduler may put on different
+        nodes, so unless the caller knows better they talk across nodes.
+        """
+        if same_node:
+            return "intra-node"
+        if a.zone == b.zone:
+            return "intra-zone"
+        if region_of(a.zone) == region_of(b.zone):
+            return "inter-zone"
+        return "inter-region"
+
+    def gpus_per_node(self, endpoint: EndpointLike) -> int:
+        pool = self._pools.get(endpoint.pool)
+        return pool.gpus_per_node if pool is not None else 1
+
+    def curve(self, link: LinkClass, gpu_a: str, gpu_b: str, gpus_per_node: int) -> BandwidthCurve:
+        key = (link, gpu_a, gpu_b, gpus_per_node)
+        curve = self._curves.get(key)
+        if curve is None:
+            profile = self.context.profiles.network_profile(link, gpu_a, gpu_b, gpus_per_node)
+            if profile is not None:
+                curve = profile.curve
+            else:
+                from sailplan.planner.profiles.estimate import default_network_curve
+
+                curve = default_network_curve(
+                    self.context.catalog, link, gpu_a, gpu_b, gpus_per_node
+                )
+            self._curves[key] = curve
+        return curve
+
+    def _group_curve(
+        self, a: EndpointLike, b: EndpointLike, tp: int, same_node: bool
+    ) -> BandwidthCurve:
+        # A TP group on one node uses that node's links: the curve measured with that many
+        # GPUs per VM (Sailor's convention: min(TP, GPUs per node)).
+        gpus = max(1, min(tp, self.gpus_per_node(a), self.gpus_per_node(b)))
+        return self.curve(self.link_class(a, b, same_node), a.gpu_type, b.gpu_type, gpus)
+
+    def p2p_seconds(
+        self, nbytes: float, a: EndpointLike, b: EndpointLike, tp: int = 1, same_node: bool = False
+    ) -> float:
+        """Time to send `nbytes` from worker a to worker b."""
+        if nbytes <= 0:
+            return 0.0
+        key = (a.pool, a.gpu_type, a.zone, b.pool, b.gpu_type, b.zone, tp, same_node, nbytes)
+        seconds = self._p2p.get(key)
+        if seconds is None:
+            curve = self._group_curve(a, b, tp, same_node)
+            seconds = curve.transfer_seconds(nbytes) / self.constants.p2p_efficiency
+            self._p2p[key] = seconds
+        return seconds
+
+    @staticmethod
+    def ring_order(replicas: Sequence[E]) -> list[E]:
+        """The ring NCCL would build: grouped by zone then pool, so each zone is entered once."""
+        return sorted(replicas, key=lambda r: (region_of(r.zone), r.zone, r.pool, r.gpu_type))
+
+    def allreduce_seconds(
+        self, nbytes: float, replicas: Sequence[EndpointLike], tp: int = 1
+    ) -> float:
+        """Ring all-reduce of `nbytes` (per TP group) across the stage's data-parallel replicas.
+
+        Each bucket moves 2 (D - 1) / D of its bytes over every ring link; the ring runs at
+        its slowest link, evaluated at the bucket's message size.
+        """
+        d = len(replicas)
+        if d <= 1 or nbytes <= 0:
+            return 0.0
+        ring = self.ring_order(replicas)
+        bucket = self.constants.bucket_bytes
+        full, rest = divmod(nbytes, bucket)
+        sizes = [(bucket, int(full))] if full else []
+        if rest > 0:
+            sizes.append((rest, 1))
+        factor = 2.0 * (d - 1) / d
+        total = 0.0
+        for size, count in sizes:
+            slowest = 0.0
+            for i in range(d):
+                curve = self._group_curve(ring[i], ring[(i + 1) % d], tp, same_node=False)
+                slowest = max(slowest, curve.transfer_seconds(size * factor))
+            total += slowest * count
+        return total / self.constants.collective_efficiency
+
+    def allreduce_seconds_array(
+        self, nbytes: FloatArray, dp: int, curve: BandwidthCurve
+    ) -> FloatArray:
+        """allreduce_seconds for many gradient sizes at once, every ring link on `curve`.
+
+        The search's vectorized form: equal to allreduce_seconds(n, replicas, tp) when
+        `curve` is the ring's slowest link (same buckets, same efficiency).
+        """
+        sizes = np.asarray(nbytes, dtype=np.float64)
+        if dp <= 1:
+            return np.zeros_like(sizes)
+        factor = 2.0 * (dp - 1) / dp
+        bucket = self.constants.bucket_bytes
+        full = np.floor(np.maximum(sizes, 0.0) / bucket)
+        rest = np.maximum(sizes, 0.0) - full * bucket
+        one = float(transfer_seconds_array(curve, np.array([bucket * factor]))[0])
+        total = full * one + transfer_seconds_array(curve, rest * factor)
+        result: FloatArray = total / self.constants.collective_efficiency
+        return result
+
+    def ring_curve(self, replicas: Sequence[EndpointLike], tp: int = 1) -> BandwidthCurve:
+        """The slowest link of the stage's ring at a 64 MB message (what the search prices)."""
+        ring = self.ring_order(replicas)
+        d = len(ring)
+        curves = [self._group_curve(ring[i], ring[(i + 1) % d], tp, False) for i in range(d)]
+        return min(curves, key=lambda c: c.bytes_per_second(64e6))
+
+    def allreduce_last_bucket_seconds(
+        self, nbytes: float, replicas: Sequence[EndpointLike], tp: int = 1
+    ) -> float:
+        """The all-reduce of the last bucket alone (what overlapping cannot hide)."""
+        if nbytes <= 0:
+            return 0.0
+        bucket = self.constants.bucket_bytes
+        last = nbytes - bucket * math.floor((nbytes - 1e-9) / bucket)
+        return self.allreduce_seconds(last, replicas, tp)
+
+    def allreduce_egress(
+        self, nbytes: float, replicas: Sequence[EndpointLike]
+    ) -> tuple[float, float]:
+        """(bytes crossing zones, USD) of one ring all-reduce of `nbytes` per TP group."""
+        d = len(replicas)
+        if d <= 1 or nbytes <= 0:
+            return 0.0, 0.0
+        ring = self.ring_order(replicas)
+        per_link = 2.0 * (d - 1) / d * nbytes
+        crossing = 0.0
+        usd = 0.0
+        for i in range(d):
+            a, b = ring[i], ring[(i + 1) % d]
+            if a.zone != b.zone:
+                crossing += per_link
+                usd += per_link / 1e9 * self.egress_usd_per_gb(a.zone, b.zone)
+        return crossing, usd
+
+    # -- prices --------------------------------------------------------------------------
+
+    def price_per_gpu_hour(self, pool: str) -> float:
+        """The pool's override, else the catalog's price for its GPU type, region and spot."""
+        price = self._prices.get(pool)
+        if price is None:
+            spec = self._pools.get(pool)
+            if spec is None:
+                raise MissingProfileError(
+                    f"the plan uses pool {pool!r}, which the cluster snapshot does not have "
+                    f"(pools: {', '.join(sorted(self._pools)) or 'none'})"
+                )
+            if spec.usd_per_gpu_hour is not None:
+                price = spec.usd_per_gpu_hour
+            else:
+                price = self.context.catalog.price_per_gpu_hour(
+                    spec.gpu_type, spec.region, spec.spot
+                )
+            self._prices[pool] = price
+        return price
+
+    def egress_usd_per_gb(self, zone_a: str, zone_b: str) -> float:
+        key = (zone_a, zone_b)
+        price = self._egress.get(key)
+        if price is None:
+            overrides = self.context.cluster.egress_usd_per_gb or {}
+            override = overrides.get(zone_a, {}).get(zone_b)
+            if override is None:
+                override = overrides.get(zone_b, {}).get(zone_a)
+            price = (
+                override
+                if override is not None
+                else self.context.catalog.egress_usd_per_gb(zone_a, zone_b)
+            )
+            self._egress[key] = price
+        return price

@@ -1,0 +1,162 @@
+"""simulate(plan, context) -> Predictions: iteration time, memory, cost and egress of one plan.
+
+Pure: everything comes from the plan and the PlanningContext, priced through the same
+CostModel the search uses. The model, term by term:
+
+- compute: per stage, forward + backward of one micro-batch on its slowest replica
+  (heterogeneous replicas of a stage run in lockstep because of the all-reduce);
+- pipeline: 1F1B with heterogeneous stages (costs.one_f_one_b_seconds), where the boundary
+  between stage k and k+1 costs the slowest pipeline's activation transfer over its link
+  class (same zone / other zone / other region, with each side's GPU types);
+- gradient all-reduce: per stage, a ring over its replicas in 500 MB buckets at the ring's
+  slowest link, exposed after the pipeline (or only what the last backward cannot hide when
+  SimulatorConstants.overlap_allreduce is set);
+- optimizer: each stage updates after its own all-reduce, so the iteration ends with the
+  slowest stage's all-reduce + update;
+- memory per GPU: model states, in-flight activations under 1F1B, framework overhead;
+- USD: every GPU of the plan for the iteration at its pool's price, plus cross-zone bytes
+  (activations and gradients between stages, all-reduce ring links) at the zone-pair price.
+"""
+
+from __future__ import annotations
+
+from sailplan.planner.plan import Plan, Predictions, ProfileRef, Replica, StagePrediction
+from sailplan.planner.simulator.context import PlanningContext
+from sailplan.planner.simulator.costs import one_f_one_b_seconds
+
+
+def simulate(plan: Plan, context: PlanningContext) -> Predictions:
+    """Predict what running `plan` costs on the context's cluster with its profiles."""
+    if plan.model.name != context.model.name:
+        raise ValueError(
+            f"plan is for model {plan.model.name!r} but the context is for {context.model.name!r}"
+        )
+    costs = context.costs
+    mbs = plan.micro_batch_size
+    num_stages = plan.pipeline_depth
+    num_micro = plan.num_micro_batches
+    boundary = costs.boundary_bytes(mbs)
+
+    stage_seconds: list[float] = []
+    stage_memory: list[float] = []
+    tail_seconds: list[float] = []  # exposed all-reduce + update, per stage
+    exposed_allreduce: list[float] = []
+    update_seconds: list[float] = []
+    egress_bytes = 0.0
+    egress_usd = 0.0
+
+    for index, stage in enumerate(plan.stages):
+        a, b, tp = stage.layer_start, stage.layer_end, stage.tensor_parallel
+        slowest = 0.0
+        slowest_backward = 0.0
+        update = 0.0
+        memory = 0.0
+        grads = 0.0
+        for replica in stage.replicas:
+            table = costs.require_table(replica.gpu_type, tp, mbs)
+            slowest = max(slowest, table.forward_backward_seconds(a, b))
+            slowest_backward = max(slowest_backward, table.backward_seconds(a, b))
+            update = max(update, table.update_seconds(a, b))
+            memory = max(
+                memory,
+                costs.stage_memory_bytes(
+                    table, a, b, stage=index, num_stages=num_stages, num_micro_batches=num_micro
+                ),
+            )
+            grads = costs.gradient_bytes(table, a, b)
+        allreduce = costs.allreduce_seconds(grads, stage.replicas, tp)
+        if context.constants.overlap_allreduce:
+            hidden = max(0.0, allreduce - slowest_backward)
+            allreduce = max(hidden, costs.allreduce_last_bucket_seconds(grads, stage.replicas, tp))
+        crossing, usd = costs.allreduce_egress(grads, stage.replicas)
+        egress_bytes += crossing
+        egress_usd += usd
+        stage_seconds.append(slowest)
+        stage_memory.append(memory)
+        exposed_allreduce.append(allreduce)
+        update_seconds.append(update)
+        tail_seconds.append(allreduce + update)
+
+    boundary_seconds: list[float] = []
+    for k in range(num_stages - 1):
+        sender, receiver = plan.stages[k], plan.stages[k + 1]
+        slowest_link = 0.0
+        for r in range(plan.data_parallel):
+            a_rep, b_rep = sender.replicas[r], receiver.replicas[r]
+            tp = min(sender.tensor_parallel, receiver.tensor_parallel)
+            # every TP rank holds the full boundary activation and sends it to its peer rank
+            # (no scatter-gather split), so the group moves tp copies over its node's links
+            group_bytes = boundary * tp
+            slowest_link = max(slowest_link, costs.p2p_seconds(group_bytes, a_rep, b_rep, tp))
+            if a_rep.zone != b_rep.zone:
+                # every micro-batch sends its activation forward and its gradient back
+                moved = 2.0 * group_bytes * num_micro
+                egress_bytes += moved
+                egress_usd += moved / 1e9 * costs.egress_usd_per_gb(a_rep.zone, b_rep.zone)
+        boundary_seconds.append(slowest_link)
+
+    pipeline = one_f_one_b_seconds(stage_seconds, boundary_seconds, num_micro)
+    slowest_tail = max(range(num_stages), key=lambda i: tail_seconds[i])
+    iteration = pipeline + tail_seconds[slowest_tail]
+
+    gpu_usd_per_hour = 0.0
+    for worker in plan.workers():
+        gpu_usd_per_hour += worker.tensor_parallel * costs.price_per_gpu_hour(worker.pool)
+    usd_per_iteration = gpu_usd_per_hour * iteration / 3600.0 + egress_usd
+
+    return Predictions(
+        iteration_seconds=iteration,
+        samples_per_second=plan.global_batch_size / iteration,
+        stages=tuple(
+            StagePrediction(forward_backward_seconds=t, peak_memory_bytes=int(m))
+            for t, m in zip(stage_seconds, stage_memory, strict=True)
+        ),
+        usd_per_iteration=usd_per_iteration,
+        usd_per_hour=usd_per_iteration * 3600.0 / iteration,
+        egress_bytes_per_iteration=egress_bytes,
+        pipeline_seconds=pipeline,
+        allreduce_seconds=exposed_allreduce[slowest_tail],
+        update_seconds=update_seconds[slowest_tail],
+    )
+
+
+def profile_refs(plan: Plan, context: PlanningContext) -> tuple[ProfileRef, ...]:
+    """Every profile the plan's prediction rests on, measured or estimated (for PlanInputs).
+
+    Compute: one per (GPU type, TP, micro-batch) the stages use. Network: one per link the
+    pipeline boundaries and all-reduce rings cross; a link no profile covers is priced from
+    the catalog and listed as estimated.
+    """
+    costs = context.costs
+    refs: dict[str, ProfileRef] = {}
+    for stage in plan.stages:
+        for replica in stage.replicas:
+            profile = context.profiles.compute_profile(
+                plan.model.name, replica.gpu_type, stage.tensor_parallel, plan.micro_batch_size
+            )
+            if profile is not None:
+                refs[profile.key] = ProfileRef(
+                    key=profile.key,
+                    source=profile.provenance.source,
+                    version=profile.provenance.date or profile.provenance.tool_version,
+                )
+    pairs: list[tuple[Replica, Replica]] = []
+    for k in range(plan.pipeline_depth - 1):
+        pairs.extend(zip(plan.stages[k].replicas, plan.stages[k + 1].replicas, strict=True))
+    for stage in plan.stages:
+        ring = costs.ring_order(stage.replicas)
+        if len(ring) > 1:
+            pairs.extend((ring[i], ring[(i + 1) % len(ring)]) for i in range(len(ring)))
+    for a, b in pairs:
+        link = costs.link_class(a, b)
+        network = context.profiles.network_profile(link, a.gpu_type, b.gpu_type)
+        if network is not None:
+            refs[network.key] = ProfileRef(
+                key=network.key,
+                source=network.provenance.source,
+                version=network.provenance.date or network.provenance.tool_version,
+            )
+        else:
+            key = f"network/{link}/{a.gpu_type}/{b.gpu_type}"
+            refs[key] = ProfileRef(key=key, source="estimated", version="catalog")
+    return tuple(refs[key] for key in sorted(refs))

@@ -1,0 +1,200 @@
+"""Session-wide Kubernetes fixtures for the tests that need a real API server.
+
+Backends (`--cluster=`):
+  local     (default) a loopback control plane built from Go modules, with GKE-like kwok
+            nodes (sailplan.operator.localcluster). One cluster per pytest process, named
+            after its pid so concurrent sessions do not share or delete each other's cluster;
+            torn down at the end. With SAILPLAN_TEST_KUBECONFIG set, that running cluster is
+            reused instead and left running (fast edit-test loop: `sailplan cluster up`, then
+            `export SAILPLAN_TEST_KUBECONFIG=...`).
+  kind      a kind cluster through pytest-kind; skipped when no Docker daemon answers.
+  existing  the current kubeconfig ($KUBECONFIG or ~/.kube/config), untouched.
+
+Fixtures: `kubeconfig` (path str), `k8s_api` (kubernetes.client.ApiClient), `namespace` (a
+fresh namespace per test, deleted after it), `local_cluster` (the LocalCluster, for adding,
+deleting, cordoning nodes; skipped on backends that cannot). Tests that change nodes must put
+them back (`local_cluster.reset_nodes()`), the cluster is shared by the session.
+
+The binaries are built, when missing, after collection and only if a collected test is marked
+`cluster`: outside any test, so pytest-timeout does not cut a first 20-minute build short.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BACKENDS = ("local", "kind", "existing")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--cluster",
+        choices=BACKENDS,
+        default=os.environ.get("SAILPLAN_TEST_CLUSTER", "local"),
+        help="Kubernetes backend for tests marked `cluster` (default: local)",
+    )
+
+
+CLUSTER_FIXTURES = frozenset({"kubeconfig", "k8s_api", "namespace", "local_cluster"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A test that uses a cluster fixture needs the cluster even if its author forgot the
+    # marker: mark it, so `-m "not cluster"` deselects it and the build hook sees it.
+    for item in items:
+        if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.cluster)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config.getoption("--cluster") != "local" or os.environ.get(
+        "SAILPLAN_TEST_KUBECONFIG"
+    ):
+        return
+    if not any(item.get_closest_marker("cluster") for item in session.items):
+        return
+    from sailplan.operator.localcluster import build
+
+    if not build.missing_binaries() or not build.go_available():
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+
+    def log(message: str) -> None:
+        if reporter is not None:
+            reporter.write_line(f"[local cluster] {message}")
+
+    log("binaries missing: building them from Go modules (first time only, long)")
+    try:
+        build.build(log=log)
+    except build.BuildError as error:
+        # The cluster tests then error with "binaries not built"; the cause is printed here.
+        log(f"build failed: {error}")
+
+
+@dataclass
+class _Backend:
+    kubeconfig: Path
+    local: Any  # LocalCluster | None
+    why_no_local: str
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _delete_stale_test_clusters() -> None:
+    """Remove clusters left by killed pytest sessions (named pytest-PID[-...])."""
+    from sailplan.operator.localcluster import kwokctl
+
+    for name in kwokctl.list_clusters():
+        match = re.match(r"pytest-(\d+)(-|$)", name)
+        if match and not _pid_alive(int(match.group(1))):
+            kwokctl.delete(name)
+
+
+def _local_backend() -> Iterator[_Backend]:
+    from sailplan.operator.localcluster import build
+    from sailplan.operator.localcluster.cluster import LocalCluster
+
+    reuse = os.environ.get("SAILPLAN_TEST_KUBECONFIG")
+    if reuse:
+        yield _Backend(Path(reuse), LocalCluster.attach(Path(reuse)), "")
+        return
+    if build.missing_binaries() and not build.go_available():
+        pytest.skip(
+            "local cluster: the Go toolchain is not installed, so etcd/kube-apiserver/kwok "
+            "cannot be built (install Go >= 1.26, or use --cluster=kind|existing)"
+        )
+    _delete_stale_test_clusters()
+    cluster = LocalCluster.up(name=f"pytest-{os.getpid()}")
+    try:
+        yield _Backend(cluster.kubeconfig, cluster, "")
+    finally:
+        cluster.down()
+
+
+def _kind_backend() -> Iterator[_Backend]:
+    docker = shutil.which("docker")
+    if (
+        docker is None
+        or subprocess.run([docker, "info"], capture_output=True, check=False).returncode
+    ):
+        pytest.skip("kind backend: no Docker daemon answers `docker info` on this machine")
+    try:
+        from pytest_kind import KindCluster  # type: ignore[import-not-found]
+    except ImportError:
+        pytest.skip("kind backend: pytest-kind is not installed (pip install pytest-kind)")
+    kind = KindCluster(f"sailplan-{os.getpid()}")
+    kind.create()
+    try:
+        yield _Backend(Path(kind.kubeconfig_path), None, "kind nodes are real kubelets")
+    finally:
+        kind.delete()
+
+
+def _existing_backend() -> Iterator[_Backend]:
+    path = Path(os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep)[0])
+    path = path.expanduser()
+    if not path.exists():
+        pytest.skip(f"existing backend: no kubeconfig at {path}")
+    yield _Backend(path, None, "an existing cluster's nodes are not ours to change")
+
+
+@pytest.fixture(scope="session")
+def _cluster_backend(request: pytest.FixtureRequest) -> Iterator[_Backend]:
+    backend = request.config.getoption("--cluster")
+    factory = {"local": _local_backend, "kind": _kind_backend, "existing": _existing_backend}
+    yield from factory[backend]()
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(_cluster_backend: _Backend) -> str:
+    return str(_cluster_backend.kubeconfig)
+
+
+@pytest.fixture(scope="session")
+def k8s_api(kubeconfig: str) -> Iterator[Any]:
+    from sailplan.operator.localcluster.kubeconfig import api_client
+
+    api = api_client(Path(kubeconfig))
+    try:
+        yield api
+    finally:
+        api.close()
+
+
+@pytest.fixture(scope="session")
+def local_cluster(_cluster_backend: _Backend) -> Any:
+    if _cluster_backend.local is None:
+        pytest.skip(f"needs the local cluster backend: {_cluster_backend.why_no_local}")
+    return _cluster_backend.local
+
+
+@pytest.fixture
+def namespace(k8s_api: Any) -> Iterator[str]:
+    from kubernetes import client
+
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    core = client.CoreV1Api(k8s_api)
+    core.create_namespace({"metadata": {"name": name, "labels": {"sailplan.dev/test": "true"}}})
+    try:
+        yield name
+    finally:
+        # Not waited for: the namespace controller finishes the deletion in the background.
+        core.delete_namespace(name, propagation_policy="Background")

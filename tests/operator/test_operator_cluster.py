@@ -1,0 +1,623 @@
+"""The operator against a real API server (tests/conftest.py fixtures): placement, API-server
+validation, infeasible jobs, crash safety, garbage collection, GPUPool status.
+
+The operator runs as a subprocess (`python -m sailplan.operator operator run`), exactly as
+the Deployment runs it, serving only the test's namespace. Jobs are kept small (one or two
+node pools, global batch 16) so the real planner answers in seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from sailplan.operator.api import crd
+from sailplan.operator.api.common import GROUP, VERSION
+from sailplan.operator.apply import apply, load_documents
+from sailplan.operator.reconcile.trainingjob import observed_plan
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "manifests" / "examples"
+JOB_LABEL = "sailplan.dev/job"
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 90.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(0.25)
+
+
+class Operator:
+    """The operator as a subprocess; kill() is SIGKILL (no cleanup, like a node crash)."""
+
+    def __init__(self, kubeconfig: str, namespace: str, log: Path) -> None:
+        self.args = [
+            sys.executable,
+            "-m",
+            "sailplan.operator",
+            "operator",
+            "run",
+            "--kubeconfig",
+            kubeconfig,
+            "--namespace",
+            namespace,
+            "--profile-namespace",
+            namespace,
+            "--metrics-port",
+            "0",
+            "--health-port",
+            "0",
+        ]
+        self.log = log
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture(scope="module")
+def crds(k8s_api: Any) -> None:
+    apply(k8s_api, crd.all_crds())
+    ext = client.ApiextensionsV1Api(k8s_api)
+
+    def established() -> bool:
+        for definition in crd.all_crds():
+            status = ext.read_custom_resource_definition(definition["metadata"]["name"]).status
+            if not any(
+                c.type == "Established" and c.status == "True" for c in status.conditions or ()
+            ):
+                return False
+        return True
+
+    wait_for("CRDs established", established, 30)
+
+
+@pytest.fixture
+def operator(
+    kubeconfig: str, namespace: str, crds: None, k8s_api: Any, tmp_path: Path
+) -> Iterator[Operator]:
+    running = Operator(kubeconfig, namespace, tmp_path / "operator.log")
+    running.start()
+    try:
+        yield running
+    finally:
+        running.stop()
+        # Free the GPUs for the next test: delete the jobs, wait for their pods to go.
+        custom = client.CustomObjectsApi(k8s_api)
+        core = client.CoreV1Api(k8s_api)
+        for job in custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs")[
+            "items"
+        ]:
+            custom.delete_namespaced_custom_object(
+                GROUP, VERSION, namespace, "trainingjobs", job["metadata"]["name"]
+            )
+        wait_for(
+            "test pods gone",
+            lambda: not core.list_namespaced_pod(namespace, label_selector=JOB_LABEL).items,
+            60,
+        )
+        if os.environ.get("SAILPLAN_TEST_SHOW_OPERATOR_LOG"):
+            print(running.log.read_text())
+
+
+@pytest.fixture
+def gpupools(k8s_api: Any, crds: None) -> Iterator[Callable[..., str]]:
+    """Create GPUPools with unique names (cluster-scoped: shared by the session)."""
+    custom = client.CustomObjectsApi(k8s_api)
+    created: list[str] = []
+
+    def make(node_pool: str, **spec: Any) -> str:
+        name = f"{node_pool}-{uuid.uuid4().hex[:6]}"
+        custom.create_cluster_custom_object(
+            GROUP,
+            VERSION,
+            "gpupools",
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "GPUPool",
+                "metadata": {"name": name},
+                "spec": {"nodePool": node_pool, **spec},
+            },
+        )
+        created.append(name)
+        return name
+
+    yield make
+    for name in created:
+        custom.delete_cluster_custom_object(GROUP, VERSION, "gpupools", name)
+
+
+def job_body(namespace: str, name: str, pools: list[str], **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TrainingJob",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "model": {"name": "OPT-350M"},
+            "training": {"globalBatchSize": 16, "steps": 10},
+            "pools": {"names": pools},
+            "trainer": {"image": "sailplan-trainer:test"},
+            "checkpoint": {"storage": {"uri": "gs://bucket/test"}},
+        },
+    }
+    body["spec"].update(spec)
+    return body
+
+
+def get_job(k8s_api: Any, namespace: str, name: str) -> dict[str, Any]:
+    job: dict[str, Any] = client.CustomObjectsApi(k8s_api).get_namespaced_custom_object(
+        GROUP, VERSION, namespace, "trainingjobs", name
+    )
+    return job
+
+
+def wait_phase(
+    k8s_api: Any, namespace: str, name: str, phases: set[str], timeout_s: float = 120
+) -> dict[str, Any]:
+    def settled() -> dict[str, Any] | None:
+        job = get_job(k8s_api, namespace, name)
+        return job if (job.get("status") or {}).get("phase") in phases else None
+
+    job: dict[str, Any] = wait_for(f"TrainingJob {name} in {phases}", settled, timeout_s)
+    return job
+
+
+def pods_of(k8s_api: Any, namespace: str, job: str) -> list[Any]:
+    pods: list[Any] = (
+        client.CoreV1Api(k8s_api)
+        .list_namespaced_pod(
+            namespace, label_selector=f"{JOB_LABEL}={job},sailplan.dev/role=worker"
+        )
+        .items
+    )
+    return pods
+
+
+def current_plan(k8s_api: Any, namespace: str, job: str) -> Any:
+    maps = (
+        client.CoreV1Api(k8s_api)
+        .list_namespaced_config_map(
+            namespace, label_selector=f"{JOB_LABEL}={job},sailplan.dev/role=plan"
+        )
+        .items
+    )
+    assert len(maps) == 1, [m.metadata.name for m in maps]
+    observed = observed_plan(
+        {
+            "metadata": {"name": maps[0].metadata.name, "labels": maps[0].metadata.labels},
+            "data": maps[0].data,
+        }
+    )
+    assert observed is not None
+    return observed.plan
+
+
+def test_examples_place_pods_on_exactly_the_planned_pools_and_zones(
+    k8s_api: Any, namespace: str, operator: Operator
+) -> None:
+    documents = load_documents(EXAMPLES.glob("*.yaml"))
+    for document in documents:
+        # Namespaced examples go to the test's namespace; the GPUPools are cluster-scoped.
+        if document["kind"] == "Namespace":
+            continue
+        if document["kind"] != "GPUPool":
+            document["metadata"]["namespace"] = namespace
+        for subject in document.get("subjects", []):
+            subject["namespace"] = namespace
+    apply(k8s_api, [d for d in documents if d["kind"] != "Namespace"])
+    (job_doc,) = [d for d in documents if d["kind"] == "TrainingJob"]
+    name = job_doc["metadata"]["name"]
+    job = wait_phase(k8s_api, namespace, name, {"Running", "Unschedulable", "Invalid"}, 300)
+    assert job["status"]["phase"] == "Running", job["status"]
+
+    plan = current_plan(k8s_api, namespace, name)
+    workers = {w.index: w for w in plan.workers()}
+    pools = {
+        p["metadata"]["name"]: p
+        for p in client.CustomObjectsApi(k8s_api).list_cluster_custom_object(
+            GROUP, VERSION, "gpupools"
+        )["items"]
+    }
+    core = client.CoreV1Api(k8s_api)
+    pods = pods_of(k8s_api, namespace, name)
+    assert sorted(int(p.metadata.labels["sailplan.dev/worker-index"]) for p in pods) == sorted(
+        workers
+    )
+    for pod in pods:
+        worker = workers[int(pod.metadata.labels["sailplan.dev/worker-index"])]
+        node = core.read_node(pod.spec.node_name)
+        gpupool, zone = worker.pool.split("/")
+        selects = (
+            pools[gpupool]["spec"].get("nodePool")
+            or pools[gpupool]["spec"]["selector"]["matchLabels"]["cloud.google.com/gke-nodepool"]
+        )
+        assert node.metadata.labels["cloud.google.com/gke-nodepool"] == selects, pod.metadata.name
+        assert node.metadata.labels["topology.kubernetes.io/zone"] == zone == worker.zone
+        assert pod.spec.containers[0].resources.limits["nvidia.com/gpu"] == str(
+            worker.tensor_parallel
+        )
+        assert pod.status.phase == "Running"
+    assert job["status"]["plan"]["gpus"] == plan.world_size
+
+
+def test_invalid_trainingjobs_are_rejected_by_the_api_server(
+    k8s_api: Any, namespace: str, crds: None
+) -> None:
+    custom = client.CustomObjectsApi(k8s_api)
+
+    def create(body: dict[str, Any]) -> str:
+        with pytest.raises(ApiException) as error:
+            custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs", body)
+        assert error.value.status == 422
+        return str(error.value.body)
+
+    body = job_body(namespace, "bad", ["x"])
+    body["spec"]["training"]["globalBatchSize"] = 0
+    assert "spec.training.globalBatchSize" in create(body)
+
+    body = job_body(
+        namespace,
+        "bad",
+        ["x"],
+        model={
+            "name": "OPT-350M",
+            "custom": {
+                "name": "c",
+                "hiddenSize": 64,
+                "numBlocks": 2,
+                "numHeads": 2,
+                "vocabSize": 10,
+                "sequenceLength": 8,
+            },
+        },
+    )
+    assert "set exactly one of name and custom" in create(body)
+
+    shape = {
+        "name": "c",
+        "hiddenSize": 100,
+        "numBlocks": 2,
+        "numHeads": 3,
+        "vocabSize": 10,
+        "sequenceLength": 8,
+    }
+    body = job_body(namespace, "bad", ["x"], model={"custom": shape})
+    assert "hiddenSize must be divisible by numHeads" in create(body)
+
+    body = job_body(namespace, "x" * 41, ["x"])
+    assert "at most 40 characters" in create(body)
+
+    # The model is immutable once created.
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "trainingjobs", job_body(namespace, "good", ["x"])
+    )
+    with pytest.raises(ApiException) as error:
+        custom.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            namespace,
+            "trainingjobs",
+            "good",
+            {"spec": {"model": {"name": "OPT-30B"}}},
+        )
+    assert error.value.status == 422 and "model is immutable" in str(error.value.body)
+
+
+def test_infeasible_job_is_unschedulable_with_the_reason(
+    k8s_api: Any, namespace: str, operator: Operator, gpupools: Callable[..., str]
+) -> None:
+    pool = gpupools("a100-ondemand")
+    body = job_body(namespace, "greedy", [pool], objective={"minSamplesPerSecond": 1.0e9})
+    client.CustomObjectsApi(k8s_api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "trainingjobs", body
+    )
+    job = wait_phase(k8s_api, namespace, "greedy", {"Unschedulable", "Running", "Invalid"})
+    conditions = {c["type"]: c for c in job["status"]["conditions"]}
+    assert job["status"]["phase"] == "Unschedulable"
+    assert conditions["Unschedulable"]["reason"] == "BelowThroughputFloor"
+    assert conditions["Unschedulable"]["message"]
+    assert not pods_of(k8s_api, namespace, "greedy")
+    events = (
+        client.CoreV1Api(k8s_api)
+        .list_namespaced_event(namespace, field_selector="involvedObject.name=greedy")
+        .items
+    )
+    assert any(e.reason == "BelowThroughputFloor" and e.type == "Warning" for e in events)
+
+
+def test_unknown_model_is_invalid_with_the_valid_names(
+    k8s_api: Any, namespace: str, operator: Operator
+) -> None:
+    body = job_body(namespace, "typo", ["x"], model={"name": "OPT-305M"})
+    client.CustomObjectsApi(k8s_api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "trainingjobs", body
+    )
+    job = wait_phase(k8s_api, namespace, "typo", {"Invalid"})
+    invalid = next(c for c in job["status"]["conditions"] if c["type"] == "Invalid")
+    assert invalid["reason"] == "UnknownModel" and "OPT-350M" in invalid["message"]
+
+
+def test_operator_killed_mid_reconcile_restarts_without_duplicates(
+    k8s_api: Any, namespace: str, operator: Operator, gpupools: Callable[..., str]
+) -> None:
+    pool = gpupools("a100-ondemand")
+    core = client.CoreV1Api(k8s_api)
+    client.CustomObjectsApi(k8s_api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "trainingjobs", job_body(namespace, "crash", [pool])
+    )
+    # SIGKILL the moment the plan ConfigMap exists: pods are being created, status unwritten.
+    wait_for(
+        "the plan ConfigMap",
+        lambda: (
+            core.list_namespaced_config_map(namespace, label_selector=f"{JOB_LABEL}=crash").items
+        ),
+        120,
+    )
+    operator.kill()
+    before = {p.metadata.name for p in pods_of(k8s_api, namespace, "crash")}
+    operator.start()
+    job = wait_phase(k8s_api, namespace, "crash", {"Running"})
+    plan = current_plan(k8s_api, namespace, "crash")  # still exactly one plan ConfigMap
+    pods = pods_of(k8s_api, namespace, "crash")
+    names = [p.metadata.name for p in pods]
+    assert len(names) == len(set(names)) == len(plan.workers())
+    assert before <= set(names)  # nothing created before the crash was replaced
+    assert all(n.startswith("crash-g1-a0-w") for n in names)
+    assert job["status"]["plan"]["generation"] == 1
+    assert [h["generation"] for h in job["status"]["history"]] == [1]
+
+
+def test_deleting_the_job_removes_its_children(
+    k8s_api: Any, namespace: str, operator: Operator, gpupools: Callable[..., str]
+) -> None:
+    pool = gpupools("a100-ondemand")
+    custom = client.CustomObjectsApi(k8s_api)
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "trainingjobs", job_body(namespace, "gone", [pool])
+    )
+    wait_phase(k8s_api, namespace, "gone", {"Running"})
+    core = client.CoreV1Api(k8s_api)
+    assert core.read_namespaced_service("gone", namespace).spec.cluster_ip == "None"
+    custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs", "gone")
+
+    def all_gone() -> bool:
+        selector = f"{JOB_LABEL}=gone"
+        return not (
+            core.list_namespaced_pod(namespace, label_selector=selector).items
+            or core.list_namespaced_config_map(namespace, label_selector=selector).items
+            or core.list_namespaced_service(namespace, label_selector=selector).items
+        )
+
+    wait_for("the garbage collector to delete the job's children", all_gone, 90)
+
+
+def test_gpupool_status_follows_node_cordon_deletion_addition_and_notready(
+    k8s_api: Any,
+    namespace: str,
+    operator: Operator,
+    gpupools: Callable[..., str],
+    local_cluster: Any,
+) -> None:
+    custom = client.CustomObjectsApi(k8s_api)
+    pool = gpupools("v100-spot")
+
+    def status() -> dict[str, Any]:
+        found: dict[str, Any] = (
+            custom.get_cluster_custom_object(GROUP, VERSION, "gpupools", pool).get("status") or {}
+        )
+        return found
+
+    nodes = sorted(local_cluster.node_names("cloud.google.com/gke-nodepool=v100-spot"))
+    assert len(nodes) == 2
+    try:
+        first = wait_for(
+            "pool status", lambda: status() if status().get("nodesReady") == 2 else None
+        )
+        assert (first["gpuType"], first["spot"], first["gpusAllocatable"]) == ("V100-16", True, 4)
+        local_cluster.cordon(nodes[0])
+        cordoned = wait_for(
+            "cordon seen", lambda: status() if status().get("nodesReady") == 1 else None
+        )
+        assert cordoned["nodesTotal"] == 2
+        local_cluster.delete_node(nodes[1])
+        wait_for("deletion seen", lambda: status().get("nodesTotal") == 1)
+        ready = next(c for c in status()["conditions"] if c["type"] == "Ready")
+        assert (ready["status"], ready["reason"]) == ("False", "NoReadyNodes")
+        # The pool scales up in another zone: a new zone entry appears.
+        local_cluster.add_node("v100-spot", "us-central1-a")
+        grown = wait_for(
+            "node addition seen", lambda: status() if status().get("nodesReady") == 1 else None
+        )
+        zones = {z["zone"]: z for z in grown["zones"]}
+        assert zones["us-central1-a"]["nodesReady"] == 1
+        assert zones["us-central1-a"]["gpusPerNode"] == 2
+        # Its kubelet stops answering: NotReady counts as not ready.
+        added = next(
+            n
+            for n in local_cluster.node_names("cloud.google.com/gke-nodepool=v100-spot")
+            if n not in nodes
+        )
+        local_cluster.set_node_ready(added, False)
+        wait_for("NotReady seen", lambda: status().get("nodesReady") == 0)
+    finally:
+        local_cluster.reset_nodes()
+
+
+def _kubectl(kubeconfig: str, *args: str) -> subprocess.CompletedProcess[str]:
+    from sailplan.operator.localcluster import build
+
+    binary = build.bin_dir() / "kubectl"
+    if not binary.exists():
+        pytest.skip(f"the built kubectl is missing ({binary}): run `sailplan cluster build`")
+    return subprocess.run(
+        [str(binary), "--kubeconfig", kubeconfig, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_kustomize_base_and_examples_apply_with_kubectl(
+    kubeconfig: str, k8s_api: Any, crds: None
+) -> None:
+    installed = _kubectl(
+        kubeconfig, "apply", "--server-side", "--force-conflicts", "-k", str(ROOT / "manifests")
+    )
+    assert installed.returncode == 0, installed.stderr
+    for kind in (
+        "customresourcedefinition.apiextensions.k8s.io/trainingjobs.sailplan.dev",
+        "clusterrole.rbac.authorization.k8s.io/sailplan-operator",
+        "deployment.apps/sailplan-operator",
+    ):
+        assert kind in installed.stdout
+    gke = _kubectl(kubeconfig, "kustomize", str(ROOT / "manifests" / "overlays" / "gke"))
+    assert gke.returncode == 0, gke.stderr
+    assert "us-docker.pkg.dev/PROJECT_ID/sailplan/operator:0.1.0" in gke.stdout
+    # The examples validate against the served CRDs (server-side dry run: nothing is kept
+    # but their namespace, which a dry run could not create for the objects inside it).
+    namespace = _kubectl(kubeconfig, "apply", "-f", str(EXAMPLES / "00-namespace.yaml"))
+    assert namespace.returncode == 0, namespace.stderr
+    examples = _kubectl(
+        kubeconfig, "apply", "--server-side", "--dry-run=server", "-f", str(EXAMPLES)
+    )
+    assert examples.returncode == 0, examples.stderr
+    assert (
+        "gpupool.sailplan.dev/a100-ondemand serverside-applied (server dry run)" in examples.stdout
+    )
+    assert (
+        "trainingjob.sailplan.dev/opt-350m serverside-applied (server dry run)" in examples.stdout
+    )
+
+
+def _service_account_kubeconfig(admin_kubeconfig: str, token: str, path: Path) -> str:
+    """A kubeconfig for the same API server that authenticates as a ServiceAccount token."""
+    admin = yaml.safe_load(Path(admin_kubeconfig).read_text())
+    context = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])
+    cluster = next(c for c in admin["clusters"] if c["name"] == context["context"]["cluster"])
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": cluster["cluster"]}],
+                "users": [{"name": "operator", "user": {"token": token}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "operator"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    return str(path)
+
+
+def test_operator_runs_with_exactly_the_manifest_rbac(
+    kubeconfig: str,
+    k8s_api: Any,
+    namespace: str,
+    gpupools: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    """The ClusterRole in manifests/base/rbac.yaml is enough (and is what the operator gets)."""
+    rbac = ClusterRbac(k8s_api, namespace)
+    try:
+        token = rbac.grant()
+        limited = _service_account_kubeconfig(kubeconfig, token, tmp_path / "operator.kubeconfig")
+        pool = gpupools("a100-ondemand")
+        operator = Operator(limited, namespace, tmp_path / "operator.log")
+        operator.start()
+        try:
+            client.CustomObjectsApi(k8s_api).create_namespaced_custom_object(
+                GROUP, VERSION, namespace, "trainingjobs", job_body(namespace, "rbac", [pool])
+            )
+            job = wait_phase(
+                k8s_api, namespace, "rbac", {"Running", "Invalid", "Unschedulable"}, 180
+            )
+            assert job["status"]["phase"] == "Running", job["status"]
+            pool_status = client.CustomObjectsApi(k8s_api).get_cluster_custom_object(
+                GROUP, VERSION, "gpupools", pool
+            )["status"]
+            assert pool_status["gpuType"] == "A100-40"
+            events = (
+                client.CoreV1Api(k8s_api)
+                .list_namespaced_event(namespace, field_selector="involvedObject.name=rbac")
+                .items
+            )
+            log = (tmp_path / "operator.log").read_text()
+            assert {"Planned", "PodsCreated"} <= {e.reason for e in events}, log[-3000:]
+            assert "Forbidden" not in log, log[-2000:]
+        finally:
+            operator.stop()
+            client.CustomObjectsApi(k8s_api).delete_namespaced_custom_object(
+                GROUP, VERSION, namespace, "trainingjobs", "rbac"
+            )
+    finally:
+        rbac.revoke()
+
+
+class ClusterRbac:
+    """manifests/base/rbac.yaml bound to a ServiceAccount of the test namespace."""
+
+    def __init__(self, api: Any, namespace: str) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.name = f"sailplan-operator-{namespace}"
+
+    def grant(self) -> str:
+        documents = list(yaml.safe_load_all((ROOT / "manifests/base/rbac.yaml").read_text()))
+        role, binding = documents
+        role["metadata"]["name"] = self.name
+        binding["metadata"]["name"] = self.name
+        binding["roleRef"]["name"] = self.name
+        binding["subjects"] = [
+            {"kind": "ServiceAccount", "name": "operator", "namespace": self.namespace}
+        ]
+        core = client.CoreV1Api(self.api)
+        core.create_namespaced_service_account(self.namespace, {"metadata": {"name": "operator"}})
+        apply(self.api, [role, binding])
+        request = core.create_namespaced_service_account_token(
+            "operator", self.namespace, {"spec": {"expirationSeconds": 3600}}
+        )
+        token: str = request.status.token
+        return token
+
+    def revoke(self) -> None:
+        rbac = client.RbacAuthorizationV1Api(self.api)
+        for delete in (rbac.delete_cluster_role_binding, rbac.delete_cluster_role):
+            try:
+                delete(self.name)
+            except ApiException as error:
+                if error.status != 404:
+                    raise

@@ -1,0 +1,196 @@
+"""Switch decisions: gain vs threshold and restart cost, involuntary switches, no capacity.
+
+Plans come from the real planner (make_plan) on small snapshots: OPT-350M, global batch 32,
+A100 nodes of 4 GPUs in one zone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from operator_builders import JOB_SPEC, pool
+
+from sailplan.operator.api.trainingjob import TrainingJob
+from sailplan.operator.reconcile.snapshot import build_snapshot
+from sailplan.operator.replan import triggers as t
+from sailplan.operator.replan.cost import RestartCostModel, evaluate
+from sailplan.operator.replan.decision import (
+    Keep,
+    ReplanContext,
+    ReplanInputs,
+    Switch,
+    Wait,
+    decide,
+    plan_request,
+)
+from sailplan.planner.api import Planned, make_plan
+from sailplan.planner.catalog import Catalog, default_catalog
+from sailplan.planner.cluster import ClusterSnapshot
+from sailplan.planner.plan import Plan, Predictions, StagePrediction
+
+ZONE = "us-central1-a"
+SPEC = JOB_SPEC | {"training": {"globalBatchSize": 32, "steps": 100_000}}
+CAPACITY_ADDED = t.Trigger(t.CAPACITY_ADDED, "a100: +12 GPUs")
+PREEMPTED = t.Trigger(t.WORKER_PREEMPTED, "w0 preempted", involuntary=True, graceful=False)
+
+
+def job(spec: dict[str, Any] | None = None, step: int = 0) -> TrainingJob:
+    return TrainingJob.model_validate(
+        {
+            "name": "opt",
+            "namespace": "team-a",
+            "spec": spec or SPEC,
+            "status": {"progress": {"step": step}},
+        }
+    )
+
+
+def cluster(nodes: int, **spec: Any) -> ClusterSnapshot:
+    return build_snapshot([pool("a100", "a100-ondemand", {ZONE: nodes}, **spec)])
+
+
+@pytest.fixture(scope="module")
+def catalog() -> Catalog:
+    return default_catalog()
+
+
+@pytest.fixture(scope="module")
+def one_node_plan(catalog: Catalog) -> Plan:
+    result = make_plan(plan_request(job(), catalog.model("OPT-350M"), cluster(1)))
+    assert isinstance(result, Planned)
+    return result.best
+
+
+def inputs(plan: Plan | None, snapshot: ClusterSnapshot, the_job: TrainingJob) -> ReplanInputs:
+    model = default_catalog().model("OPT-350M")
+    return ReplanInputs(job=the_job, model=model, plan=plan, pods=(), nodes={}, cluster=snapshot)
+
+
+def context(catalog: Catalog) -> ReplanContext:
+    return ReplanContext(planner=make_plan, catalog=catalog)
+
+
+def test_more_capacity_and_much_work_left_switches(catalog: Catalog, one_node_plan: Plan) -> None:
+    # Four nodes instead of one: the planner spreads the model over more GPUs; with 100k
+    # steps left any gain of a few percent repays a restart of a few minutes many times.
+    decision = decide(inputs(one_node_plan, cluster(4), job()), context(catalog), CAPACITY_ADDED)
+    assert isinstance(decision, Switch)
+    assert decision.evaluation is not None
+    assert decision.evaluation.gain_fraction >= 0.1  # the job's default minPredictedGain
+    assert decision.plan.world_size > one_node_plan.world_size
+
+
+def test_gain_below_the_threshold_keeps(catalog: Catalog, one_node_plan: Plan) -> None:
+    # minPredictedGain 10 = +1000%: four times the GPUs cannot run a model 11 times faster
+    # (each stage's per-micro-batch compute is at best split four ways).
+    spec = SPEC | {"replan": {"minPredictedGain": 10}}
+    decision = decide(
+        inputs(one_node_plan, cluster(4), job(spec)), context(catalog), CAPACITY_ADDED
+    )
+    assert isinstance(decision, Keep)
+    assert decision.evaluation is not None and decision.evaluation.gain_fraction < 10
+
+
+def test_restart_cost_larger_than_what_is_left_keeps(catalog: Catalog, one_node_plan: Plan) -> None:
+    # One step left (32 samples, ~2 s at ~15 samples/s): no speed-up can save the ~100 s a
+    # restart costs.
+    late = job(step=SPEC["training"]["steps"] - 1)
+    decision = decide(inputs(one_node_plan, cluster(4), late), context(catalog), CAPACITY_ADDED)
+    assert isinstance(decision, Keep)
+    assert decision.evaluation is not None
+    assert decision.evaluation.benefit < decision.evaluation.restart_penalty
+
+
+def test_unchanged_best_plan_keeps(catalog: Catalog, one_node_plan: Plan) -> None:
+    # Same cluster: the deterministic planner returns the same plan.
+    decision = decide(inputs(one_node_plan, cluster(1), job()), context(catalog), CAPACITY_ADDED)
+    assert isinstance(decision, Keep)
+    assert "still the best" in decision.reason
+
+
+def test_involuntary_switches_whatever_the_gain(catalog: Catalog, one_node_plan: Plan) -> None:
+    spec = SPEC | {"replan": {"minPredictedGain": 10}}
+    decision = decide(inputs(one_node_plan, cluster(1), job(spec)), context(catalog), PREEMPTED)
+    assert isinstance(decision, Switch)
+
+
+def test_no_capacity_waits(catalog: Catalog, one_node_plan: Plan) -> None:
+    decision = decide(inputs(one_node_plan, cluster(0), job()), context(catalog), PREEMPTED)
+    assert isinstance(decision, Wait)
+    assert decision.code == "NoCapacity"
+
+
+def test_edited_budget_the_current_plan_breaks_forces_a_switch(catalog: Catalog) -> None:
+    # Planned on 4 nodes (about $51/h); the user lowers maxUsdPerHour to 20: the current plan
+    # violates it, so the job switches even though the new plan is slower (negative gain).
+    big = make_plan(plan_request(job(), catalog.model("OPT-350M"), cluster(4)))
+    assert isinstance(big, Planned)
+    assert big.best.predictions is not None and big.best.predictions.usd_per_hour > 20
+    spec = SPEC | {"objective": {"maxUsdPerHour": 20}}
+    decision = decide(inputs(big.best, cluster(4), job(spec)), context(catalog), CAPACITY_ADDED)
+    assert isinstance(decision, Switch)
+    assert "maxUsdPerHour" in decision.reason
+    assert decision.plan.predictions is not None
+    assert decision.plan.predictions.usd_per_hour <= 20
+
+
+def _predictions(samples_per_second: float, usd_per_iteration: float) -> Predictions:
+    iteration = 32 / samples_per_second
+    return Predictions(
+        iteration_seconds=iteration,
+        samples_per_second=samples_per_second,
+        stages=(StagePrediction(forward_backward_seconds=0.1, peak_memory_bytes=1),),
+        usd_per_iteration=usd_per_iteration,
+        usd_per_hour=usd_per_iteration * 3600 / iteration,
+        egress_bytes_per_iteration=0.0,
+    )
+
+
+def test_throughput_gain_against_restart_cost_by_hand() -> None:
+    # 1200 samples left: 120 s at 10 samples/s, 100 s at 12: 20 s saved, a 20% gain.
+    current, candidate = _predictions(10, 0.1), _predictions(12, 0.1)
+    common = {"global_batch_size": 32, "remaining_samples": 1200, "horizon_seconds": 1e9}
+    slow = evaluate("Throughput", current, candidate, restart_seconds=30, min_gain=0.1, **common)
+    assert slow.benefit == pytest.approx(20.0)
+    assert not slow.worth_it  # 20 s saved < 30 s restart
+    fast = evaluate("Throughput", current, candidate, restart_seconds=10, min_gain=0.1, **common)
+    assert fast.worth_it
+    # The horizon caps the work judged: 60 s at 10 samples/s = 600 samples, 10 s saved.
+    capped = evaluate(
+        "Throughput",
+        current,
+        candidate,
+        global_batch_size=32,
+        remaining_samples=1200,
+        horizon_seconds=60,
+        restart_seconds=10,
+        min_gain=0.1,
+    )
+    assert capped.benefit == pytest.approx(10.0)
+    assert not capped.worth_it
+
+
+def test_cost_saving_against_restart_cost_by_hand() -> None:
+    # $0.32 vs $0.16 per 32-sample iteration: $0.01 vs $0.005 per sample, a 50% saving;
+    # 1000 samples left save $5. The candidate costs $0.16 per 32/12 s = $216/h, so a
+    # 100 s restart costs $6 of idle GPUs (> $5: keep) and a 60 s one $3.6 (< $5: switch).
+    current, candidate = _predictions(10, 0.32), _predictions(12, 0.16)
+    common = {"global_batch_size": 32, "remaining_samples": 1000, "horizon_seconds": 1e9}
+    long = evaluate("Cost", current, candidate, restart_seconds=100, min_gain=0.1, **common)
+    assert long.gain_fraction == pytest.approx(0.5)
+    assert long.benefit == pytest.approx(5.0)
+    assert long.restart_penalty == pytest.approx(6.0)
+    assert not long.worth_it
+    short = evaluate("Cost", current, candidate, restart_seconds=60, min_gain=0.1, **common)
+    assert short.worth_it
+
+
+def test_restart_cost_from_model_size_and_measured_drain(catalog: Catalog) -> None:
+    model = catalog.model("OPT-350M")
+    cost = RestartCostModel(storage_bytes_per_second=1e8, teardown_seconds=5, pod_start_seconds=50)
+    # Adam checkpoints 12 bytes per parameter; written once and read once at 100 MB/s.
+    transfer = model.total_parameters() * 12 / 1e8
+    assert cost.restart_seconds(model, "adam") == pytest.approx(2 * transfer + 5 + 50)
+    # A measured drain (checkpoint request to clean exit) replaces the save + teardown guess.
+    assert cost.restart_seconds(model, "adam", 30.0) == pytest.approx(30 + 50 + transfer)

@@ -1,0 +1,198 @@
+"""Run a plan the way the e2e harness runs pods: one `sailplan-train` process per worker.
+
+Each worker gets its own environment (the operator's pod contract from
+sailplan.planner.workerenv), the world rendezvous is on 127.0.0.1 at a free port, and rank
+0's stdout JSON lines are parsed into per-step losses. Shared by the trainer tests and the
+trainer benchmarks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sailplan.planner import workerenv as env
+from sailplan.planner.modelspec import ModelSpec
+from sailplan.planner.plan import Plan, Replica, Stage
+from sailplan.planner.workerenv import TrainerConfig
+
+TINY = ModelSpec(
+    name="tiny-gpt",
+    family="opt",
+    hidden_size=32,
+    num_blocks=4,
+    num_heads=4,
+    vocab_size=64,
+    sequence_length=16,
+)
+
+# GPT-3 style: tied input/output embeddings, and a vocabulary (63) that TP 2 cannot split
+# evenly, like GPT-2's 50257
+TINY_TIED = ModelSpec(
+    name="tiny-tied",
+    family="gpt3",
+    hidden_size=32,
+    num_blocks=3,
+    num_heads=4,
+    vocab_size=63,
+    sequence_length=16,
+    tied_embeddings=True,
+)
+
+TINY_LLAMA = ModelSpec(
+    name="tiny-llama",
+    family="llama",
+    hidden_size=32,
+    num_blocks=2,
+    num_heads=4,
+    num_kv_heads=2,
+    ffn_hidden_size=48,
+    vocab_size=64,
+    sequence_length=16,
+    position_embedding="rotary",
+    mlp="swiglu",
+    norm="rmsnorm",
+)
+
+
+def make_plan(
+    model: ModelSpec,
+    splits: list[tuple[int, int, int]],
+    data_parallel: int,
+    micro_batch_size: int,
+    global_batch_size: int,
+) -> Plan:
+    """Stages from (layer_start, layer_end, tensor_parallel) with `data_parallel` replicas each."""
+    micro = global_batch_size // (micro_batch_size * data_parallel)
+    replicas = tuple(
+        Replica(pool=f"pool-{r}", gpu_type="CPU", zone="local-a") for r in range(data_parallel)
+    )
+    return Plan(
+        model=model,
+        global_batch_size=global_batch_size,
+        micro_batch_size=micro_batch_size,
+        num_micro_batches=micro,
+        stages=tuple(
+            Stage(layer_start=a, layer_end=b, tensor_parallel=tp, replicas=replicas)
+            for a, b, tp in splits
+        ),
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class Run:
+    returncodes: list[int]
+    events: list[dict[str, Any]]
+
+    @property
+    def losses(self) -> dict[int, float]:
+        return {e["step"]: e["loss"] for e in self.events if e["event"] == "step"}
+
+    def event(self, kind: str) -> dict[str, Any]:
+        return next(e for e in self.events if e["event"] == kind)
+
+
+def start_workers(
+    plan: Plan,
+    config: TrainerConfig,
+    workdir: Path,
+    generation: int = 0,
+    podinfo_dir: Path | None = None,
+) -> list[subprocess.Popen[str]]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    plan_path = workdir / f"plan-{generation}.json"
+    config_path = workdir / f"trainer-{generation}.json"
+    plan_path.write_text(plan.to_json())
+    config_path.write_text(config.model_dump_json())
+    port = free_port()
+    processes = []
+    for worker in plan.workers():
+        worker_env = {
+            **os.environ,
+            env.PLAN_PATH: str(plan_path),
+            env.TRAINER_CONFIG_PATH: str(config_path),
+            env.WORKER_INDEX: str(worker.index),
+            env.PLAN_GENERATION: str(generation),
+            env.MASTER_ADDR: "127.0.0.1",
+            env.MASTER_PORT: str(port),
+            env.WORLD_SIZE: str(plan.world_size),
+            "SAILPLAN_METRICS_PORT": "0",
+            "SAILPLAN_COLLECTIVE_TIMEOUT_S": "120",
+            "OMP_NUM_THREADS": "1",
+        }
+        if podinfo_dir is not None:
+            worker_env[env.PODINFO_DIR] = str(podinfo_dir)
+        # stderr goes to a file: a pipe nobody drains while another worker is being waited
+        # for could fill up and block that worker inside a collective
+        with (workdir / f"worker-{generation}-{worker.index}.err").open("w") as errors:
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "sailplan.trainer.train"],
+                    env=worker_env,
+                    stdout=subprocess.PIPE,
+                    stderr=errors,
+                    text=True,
+                )
+            )
+    return processes
+
+
+def finish(processes: list[subprocess.Popen[str]], timeout_s: float = 240) -> Run:
+    deadline = time.monotonic() + timeout_s
+    outputs: list[str] = []
+    for process in processes:
+        try:
+            out, _ = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for other in processes:
+                other.kill()
+            raise
+        outputs.append(out)
+    events = [json.loads(line) for line in outputs[0].splitlines() if line.startswith("{")]
+    return Run(returncodes=[p.returncode for p in processes], events=events)
+
+
+def run_plan(
+    plan: Plan, config: TrainerConfig, workdir: Path, generation: int = 0, timeout_s: float = 240
+) -> Run:
+    run = finish(start_workers(plan, config, workdir, generation), timeout_s)
+    if any(run.returncodes):
+        errors = [p.read_text() for p in sorted(workdir.glob(f"worker-{generation}-*.err"))]
+        raise AssertionError(f"workers failed {run.returncodes}:\n" + "\n".join(errors))
+    return run
+
+
+def wait_for_step(process: subprocess.Popen[str], step: int, timeout_s: float = 120) -> list[str]:
+    """Read rank 0's stdout until it reports `step`; returns the lines read."""
+    assert process.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    lines: list[str] = []
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if line.startswith("{"):
+            event = json.loads(line)
+            if event["event"] == "step" and event["step"] >= step:
+                return lines
+    raise AssertionError(f"rank 0 never reached step {step}: {lines}")
+
+
+def sigterm(process: subprocess.Popen[str]) -> None:
+    process.send_signal(signal.SIGTERM)

@@ -1,0 +1,339 @@
+"""The training loop of one rank: groups, model shard, optimizer, steps, checkpoints, stop.
+
+Every rank of the world runs this with the same Plan and TrainerConfig. It creates the
+process groups (every rank creates every group, in the order sailplan.trainer.layout lists
+them, as torch.distributed requires), builds and initialises its stage's layers for its TP
+rank, restores the newest complete checkpoint if there is one (whatever plan wrote it), and
+then per step: the 1F1B schedule, the DP gradient reduction and optimizer update (ZeRO-1 by default),
+and one small world all-reduce that carries the stop flag and the loss (so every rank
+agrees on when to stop and knows the global loss). Called by sailplan.trainer.train.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from sailplan.planner.plan import Plan
+from sailplan.planner.workerenv import TrainerConfig
+from sailplan.trainer import data as data_mod
+from sailplan.trainer.checkpoint import (
+    FORMAT_VERSION,
+    Checkpointer,
+    CheckpointStore,
+    gather_full,
+    restore_state,
+)
+from sailplan.trainer.layout import RankLayout, dp_groups, rank_layout, tp_groups
+from sailplan.trainer.model import StageModel, local_shard, logical_shape
+from sailplan.trainer.optimizer import StageOptimizer
+from sailplan.trainer.progress import Reporter
+from sailplan.trainer.schedule import MicroBatchFn, PipelineComm, run_1f1b
+from sailplan.trainer.stopping import StopSignal
+from sailplan.trainer.tp import TPGroup
+
+
+@dataclass
+class Groups:
+    tp: TPGroup
+    tp_handle: Any
+    dp: Any
+    dp_size: int
+    checkpoint: Any
+    control: Any
+    tie: Any  # first-stage and last-stage TP rank 0 of this pipeline (tied embeddings)
+
+
+def build_groups(plan: Plan, layout: RankLayout) -> Groups:
+    """Create all process groups in a plan-determined order; keep this rank's."""
+    tp_handle = dp_handle = None
+    for ranks in tp_groups(plan):
+        if len(ranks) > 1:
+            group = dist.new_group(list(ranks))
+            if layout.rank in ranks:
+                tp_handle = group
+    for ranks in dp_groups(plan):
+        if len(ranks) > 1:
+            group = dist.new_group(list(ranks))
+            if layout.rank in ranks:
+                dp_handle = group
+    # The background checkpoint writer runs its collectives on its own gloo group so they
+    # never interleave with the training collectives of the main thread.
+    tie_handle = None
+    if plan.model.tied_embeddings and plan.pipeline_depth > 1:
+        workers = plan.workers()
+        for replica in range(plan.data_parallel):
+            ends = [
+                w.first_rank
+                for w in workers
+                if w.replica == replica and w.stage in (0, plan.pipeline_depth - 1)
+            ]
+            group = dist.new_group(ends)
+            if layout.rank in ends:
+                tie_handle = group
+    # The per-step stop/loss all-reduce has a gloo group of its own too (host tensors, and
+    # it runs while a background save may be using the checkpoint group).
+    world = list(range(plan.world_size))
+    checkpoint = dist.new_group(world, backend="gloo")
+    control = dist.new_group(world, backend="gloo")
+    return Groups(
+        tp=TPGroup(rank=layout.tp_rank, size=layout.tp_size, group=tp_handle),
+        tp_handle=tp_handle,
+        dp=dp_handle,
+        dp_size=len(layout.dp_ranks),
+        checkpoint=checkpoint,
+        control=control,
+        tie=tie_handle,
+    )
+
+
+class Trainer:
+    def __init__(
+        self,
+        plan: Plan,
+        config: TrainerConfig,
+        *,
+        rank: int,
+        local_rank: int,
+        device: torch.device,
+        generation: int,
+        stop: StopSignal,
+    ) -> None:
+        self.plan, self.config = plan, config
+        self.rank, self.device = rank, device
+        self.generation = generation
+        self.stop = stop
+        self.layout = rank_layout(plan, rank)
+        self.groups = build_groups(plan, self.layout)
+        # One collective over the whole default group before any point-to-point: NCCL sets up
+        # the world communicator here, which batched send/recv between stage pairs expects.
+        dist.all_reduce(torch.zeros(1, device=device))
+        stage = plan.stages[self.layout.stage]
+        self.model = StageModel(plan.model, stage.layer_start, stage.layer_end, self.groups.tp)
+        self.model.initialise(config.seed)
+        self.model.to(device)
+        self.params = list(self.model.parameters())
+        self.optimizer = StageOptimizer(
+            self.params,
+            kind=plan.optimizer,
+            lr=config.learning_rate,
+            dp_group=self.groups.dp,
+            dp_ranks=self.layout.dp_ranks,
+            dp_rank=self.layout.replica,
+            zero=config.zero_stage == 1,
+        )
+        self.source = data_mod.make_source(
+            config.data, plan.model.vocab_size, plan.model.sequence_length
+        )
+        self.comm = PipelineComm(
+            layout=self.layout,
+            tp_group=self.groups.tp_handle,
+            shape=(plan.micro_batch_size, plan.model.sequence_length, plan.model.hidden_size),
+            dtype=torch.float32,
+            device=device,
+        )
+        self.store = CheckpointStore(config.checkpoint_dir)
+        self.checkpointer = Checkpointer(
+            self.store,
+            rank=rank,
+            process_group=self.groups.checkpoint,
+            keep=config.checkpoints_to_keep,
+        )
+        self.reporter = Reporter(rank=rank, local_rank=local_rank, generation=generation)
+        self.autocast = (
+            torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+            if config.mixed_precision and device.type == "cuda"
+            else None
+        )
+
+    # -- checkpoints ---------------------------------------------------------------------
+
+    def restore(self) -> int:
+        """Resume from the newest complete checkpoint; returns the first step to run."""
+        latest = self.store.latest()
+        # Rank 0 decides, so a marker appearing mid-scan cannot split the world.
+        choice = torch.tensor([latest.step if latest else -1], dtype=torch.int64)
+        dist.broadcast(choice, src=0, group=self.groups.control)
+        step = int(choice.item())
+        if step < 0:
+            return 0
+        info = next((i for i in self.store.complete() if i.step == step), None)
+        if info is None:
+            raise SystemExit(
+                f"rank 0 resumes from step {step} but rank {self.rank} does not see that "
+                f"checkpoint under {self.config.checkpoint_dir}: the directory must be shared"
+            )
+        saved_model = info.marker.get("model", {})
+        if saved_model != json.loads(self.plan.model.model_dump_json()):
+            raise SystemExit(
+                f"checkpoint {info.path} holds model {saved_model.get('name')!r}, "
+                f"this plan trains {self.plan.model.name!r}"
+            )
+        restore_state(
+            store=self.store,
+            info=info,
+            model=self.model,
+            optimizer=self.optimizer,
+            tp=self.groups.tp,
+            process_group=self.groups.checkpoint,
+        )
+        self.checkpointer.last_complete = step
+        self.reporter.event("restored", step=step, path=info.path)
+        return step
+
+    def save(self, step: int, wait: bool) -> None:
+        marker = {
+            "format": FORMAT_VERSION,
+            "step": step,
+            "samples_consumed": step * self.plan.global_batch_size,
+            "seed": self.config.seed,
+            "data": json.loads(self.config.data.model_dump_json()),
+            "model": json.loads(self.plan.model.model_dump_json()),
+            "optimizer": self.plan.optimizer,
+            "optimizer_moments": self.plan.optimizer == "adam",
+            "plan_generation": self.generation,
+            "written_by": {
+                "stages": [[s.layer_start, s.layer_end] for s in self.plan.stages],
+                "tensor_parallel": [s.tensor_parallel for s in self.plan.stages],
+                "data_parallel": self.plan.data_parallel,
+            },
+            # No RNG state is carried: initialisation and data are pure functions of
+            # (seed, layer, sample index) and the model has no dropout.
+            "rng": "counter-based",
+        }
+        self.checkpointer.save(
+            step,
+            model=self.model,
+            optimizer=self.optimizer,
+            tp=self.groups.tp,
+            tp_root=self.layout.tp_root,
+            saves_parameters=self.layout.replica == 0,
+            marker=marker,
+        )
+        if wait:
+            self.checkpointer.wait()
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def _micro_batch(self, step: int) -> MicroBatchFn:
+        plan = self.plan
+
+        def fetch(micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+            inputs, targets = data_mod.micro_batch(
+                self.source,
+                step=step,
+                replica=self.layout.replica,
+                micro=micro,
+                micro_batch_size=plan.micro_batch_size,
+                num_micro_batches=plan.num_micro_batches,
+                global_batch_size=plan.global_batch_size,
+            )
+            return inputs.to(self.device), targets.to(self.device)
+
+        return fetch
+
+    def train_step(self, step: int) -> float:
+        """One optimizer step; returns this pipeline's loss on the last stage (0.0 elsewhere)."""
+        loss = run_1f1b(
+            self.model,
+            self.comm,
+            self.plan.num_micro_batches,
+            self._micro_batch(step),
+            self.autocast if self.autocast is not None else contextlib.nullcontext(),
+        )
+        self.sync_tied_gradients()
+        self.optimizer.step()
+        return loss
+
+    def sync_tied_gradients(self) -> None:
+        """Sum the gradients of layer 0's token embedding and the last stage's copy.
+
+        The two ends may have different TP degrees, so the TP rank 0 of each gathers the full
+        gradient, the two all-reduce it, and each broadcasts it back into its TP group and
+        keeps its shard. Both copies then take the same update and stay equal.
+        """
+        embedding = self.model.tied_embedding()
+        if embedding is None:
+            return
+        split = embedding.splits["weight"]
+        weight = embedding.weight
+        grad = weight.grad if weight.grad is not None else torch.zeros_like(weight)
+        full = gather_full(grad, split, self.groups.tp, self.layout.tp_root)
+        if full is None:
+            full = torch.empty(logical_shape(weight.shape, split), device=weight.device)
+        else:
+            dist.all_reduce(full, group=self.groups.tie)
+        if self.groups.tp.size > 1:
+            dist.broadcast(full, src=self.layout.tp_root, group=self.groups.tp_handle)
+        weight.grad = local_shard(full, split, self.groups.tp).clone()
+
+    def run(self) -> str:
+        """Train to config.steps or until asked to stop; returns why it ended."""
+        start = self.restore()
+        interval = self.config.checkpoint_interval_steps
+        reason = "finished"
+        for step in range(start, self.config.steps):
+            began = time.perf_counter()
+            loss = self.train_step(step)
+            stopping = self.stop.requested()
+            owns_loss = self.layout.is_last_stage and self.layout.tp_rank == 0
+            flags = torch.tensor(
+                [1.0 if stopping else 0.0, loss / self.plan.data_parallel if owns_loss else 0.0],
+                dtype=torch.float64,
+            )
+            dist.all_reduce(flags, group=self.groups.control)
+            done = step + 1
+            seconds = time.perf_counter() - began
+            self.checkpointer.poll()
+            self.reporter.step(
+                done,
+                float(flags[1]),
+                self.plan.global_batch_size / seconds,
+                self.checkpointer.last_complete,
+                seconds,
+            )
+            stop_now = bool(flags[0] > 0)
+            last = done == self.config.steps
+            if stop_now or last or done % interval == 0:
+                self.save(done, wait=stop_now or last)
+            if stop_now:
+                reason = self.stop.reason or "peer-requested"
+                break
+        self.checkpointer.wait()
+        dist.barrier(group=self.groups.control)
+        self.reporter.event(
+            "stopped", reason=reason, last_checkpoint_step=self.checkpointer.last_complete
+        )
+        return reason
+
+
+def init_world(
+    *,
+    rank: int,
+    local_rank: int,
+    world_size: int,
+    master_addr: str,
+    master_port: int,
+    timeout_s: float,
+) -> torch.device:
+    """Join the world process group: NCCL on a GPU when there is one, gloo on the CPU."""
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        device, backend = torch.device("cuda", local_rank), "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{master_addr}:{master_port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    return device

@@ -1,0 +1,155 @@
+"""The 1F1B pipeline schedule and the activation exchange between stages.
+
+Stages may have different TP degrees, so a boundary activation crosses from a TP group of
+size a to one of size b like this: after a stage's last row-parallel all-reduce every rank of
+its TP group holds the same full hidden state, so only TP rank 0 sends it, point-to-point,
+to TP rank 0 of the next stage, which broadcasts it inside its own TP group. Gradients go
+back the same way (the column-parallel layers' backward all-reduce leaves the same full
+input gradient on every TP rank of the receiving stage).
+
+The schedule is Megatron's non-interleaved 1F1B: `stages - stage - 1` warm-up forwards,
+then alternating one forward / one backward, then the cool-down backwards. A send and the
+receive that pairs with it are issued together (batch_isend_irecv), which is what keeps
+NCCL from deadlocking when two neighbours send to each other at the same time.
+Called by the engine once per training step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from sailplan.trainer.layout import RankLayout
+from sailplan.trainer.model import StageModel
+
+
+@dataclass
+class PipelineComm:
+    layout: RankLayout
+    tp_group: Any  # dist.ProcessGroup of this rank's TP group
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+    def _exchange(
+        self, send_to: int | None, tensor: torch.Tensor | None, recv_from: int | None
+    ) -> torch.Tensor | None:
+        received = (
+            torch.empty(self.shape, dtype=self.dtype, device=self.device)
+            if recv_from is not None
+            else None
+        )
+        if self.layout.tp_rank == 0:
+            ops = []
+            if send_to is not None and tensor is not None:
+                ops.append(dist.P2POp(dist.isend, tensor.detach().contiguous(), send_to))
+            if recv_from is not None and received is not None:
+                ops.append(dist.P2POp(dist.irecv, received, recv_from))
+            if ops:
+                for request in dist.batch_isend_irecv(ops):
+                    request.wait()
+        if received is not None and self.layout.tp_size > 1:
+            dist.broadcast(received, src=self.layout.tp_root, group=self.tp_group)
+        return received
+
+    def recv_forward(self) -> torch.Tensor | None:
+        return self._exchange(None, None, self.layout.prev_stage_rank)
+
+    def send_forward(self, output: torch.Tensor) -> None:
+        self._exchange(self.layout.next_stage_rank, output, None)
+
+    def recv_backward(self) -> torch.Tensor | None:
+        return self._exchange(None, None, self.layout.next_stage_rank)
+
+    def send_backward(self, grad: torch.Tensor | None) -> None:
+        self._exchange(self.layout.prev_stage_rank, grad, None)
+
+    def send_forward_recv_backward(self, output: torch.Tensor) -> torch.Tensor | None:
+        nxt = self.layout.next_stage_rank
+        return self._exchange(nxt, output, nxt)
+
+    def send_backward_recv_forward(self, grad: torch.Tensor | None) -> torch.Tensor | None:
+        prev = self.layout.prev_stage_rank
+        return self._exchange(prev, grad, prev)
+
+
+MicroBatchFn = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
+
+
+def run_1f1b(
+    model: StageModel,
+    comm: PipelineComm,
+    num_micro_batches: int,
+    micro_batch: MicroBatchFn,
+    autocast: contextlib.AbstractContextManager[Any] | None = None,
+) -> float:
+    """One step's forwards and backwards; returns the pipeline's mean loss on the last stage.
+
+    Gradients accumulate in the parameters' .grad, scaled by 1/num_micro_batches so that
+    they are the gradient of the mean loss over the pipeline's micro-batches.
+    """
+    layout = comm.layout
+    first, last = layout.is_first_stage, layout.is_last_stage
+    in_flight: deque[tuple[torch.Tensor | None, torch.Tensor]] = deque()
+    total_loss = 0.0
+    forwards = 0
+
+    def forward(received: torch.Tensor | None) -> torch.Tensor:
+        nonlocal total_loss, forwards
+        inputs, targets = micro_batch(forwards) if first or last else (None, None)
+        forwards += 1
+        if first:
+            assert inputs is not None
+            x: torch.Tensor = inputs
+            stage_input = None
+        else:
+            assert received is not None
+            stage_input = received.requires_grad_()
+            x = stage_input
+        with autocast if autocast is not None else contextlib.nullcontext():
+            output: torch.Tensor = model(x, targets if last else None)
+        if last:
+            output = output / num_micro_batches
+            total_loss += float(output.detach())
+        in_flight.append((stage_input, output))
+        return output
+
+    def backward(grad_output: torch.Tensor | None) -> torch.Tensor | None:
+        stage_input, output = in_flight.popleft()
+        if last:
+            output.backward()  # type: ignore[no-untyped-call]
+        else:
+            torch.autograd.backward(output, grad_output)
+        return stage_input.grad if stage_input is not None else None
+
+    warmup = min(layout.num_stages - layout.stage - 1, num_micro_batches)
+    remaining = num_micro_batches - warmup
+    for _ in range(warmup):
+        output = forward(comm.recv_forward())
+        if not last:
+            comm.send_forward(output)
+    received = comm.recv_forward() if remaining > 0 else None
+    for i in range(remaining):
+        output = forward(received)
+        grad_output = None if last else comm.send_forward_recv_backward(output)
+        grad_input = backward(grad_output)
+        if i == remaining - 1:
+            received = None
+            if not first:
+                comm.send_backward(grad_input)
+        elif first:
+            received = None
+        else:
+            received = comm.send_backward_recv_forward(grad_input)
+    for _ in range(warmup):
+        grad_output = None if last else comm.recv_backward()
+        grad_input = backward(grad_output)
+        if not first:
+            comm.send_backward(grad_input)
+    return total_loss
