@@ -32,15 +32,13 @@ from typing import Any, Final
 from sailplan.operator.api.common import GROUP
 from sailplan.operator.api.gpupool import (
     GPU_RESOURCE,
-    NODEPOOL_LABEL,
     SPOT_LABEL,
-    ZONE_LABEL,
     GPUPool,
 )
 from sailplan.operator.api.trainingjob import TrainingJob
 from sailplan.operator.profiling.needs import ComputeNeed, Need, NetworkNeed, Site, need_id
 from sailplan.operator.reconcile import naming
-from sailplan.operator.reconcile.children import RUN_AS_USER, owner_reference
+from sailplan.operator.reconcile.children import RUN_AS_USER, node_affinity, owner_reference
 
 ROLE_PROFILER: Final = "profiler"
 ROLE_PROFILER_RENDEZVOUS: Final = "profiler-rendezvous"
@@ -100,26 +98,6 @@ def need_document(need: Need) -> str:
             ],
         }
     return json.dumps(body, sort_keys=True)
-
-
-def node_affinity(pool: GPUPool, zone: str) -> dict[str, Any]:
-    """Required node affinity to the GPUPool's nodes in one zone (as worker pods get)."""
-    expressions: list[dict[str, Any]] = []
-    if pool.spec.node_pool is not None:
-        expressions.append(
-            {"key": NODEPOOL_LABEL, "operator": "In", "values": [pool.spec.node_pool]}
-        )
-    elif pool.spec.selector is not None:
-        expressions.extend(
-            {"key": key, "operator": "In", "values": [value]}
-            for key, value in sorted(pool.spec.selector.match_labels.items())
-        )
-    expressions.append({"key": ZONE_LABEL, "operator": "In", "values": [zone]})
-    return {
-        "requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [{"matchExpressions": expressions}]
-        }
-    }
 
 
 def tolerations(site: Site) -> list[dict[str, Any]]:

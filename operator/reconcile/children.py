@@ -140,7 +140,8 @@ def master_address(job: TrainingJob, generation: int, attempt: int) -> str:
     return f"{worker0}.{naming.service_name(job.name)}.{job.namespace}.svc"
 
 
-def _node_affinity(pool: GPUPool, zone: str) -> dict[str, Any]:
+def node_affinity(pool: GPUPool, zone: str) -> dict[str, Any]:
+    """Required node affinity to the GPUPool's nodes in one zone (worker and profiling pods)."""
     expressions: list[dict[str, Any]] = []
     if pool.spec.node_pool is not None:
         expressions.append(
@@ -269,7 +270,7 @@ def render_worker_pod(
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "enableServiceLinks": False,
-        "affinity": {"nodeAffinity": _node_affinity(pool, zone)},
+        "affinity": {"nodeAffinity": node_affinity(pool, zone)},
         "tolerations": _tolerations(pool),
         "securityContext": {
             "runAsNonRoot": True,
