@@ -219,10 +219,16 @@ class Cluster:
             return None
 
     def explain(self) -> str:
+        """What a timed-out wait prints: job status, operator log, and every worker's log tail."""
         lines = self.operator.log.read_text().splitlines()[-40:] if self.operator else []
-        return f"job status: {json.dumps(self.status(), indent=1)}\noperator log:\n" + "\n".join(
-            lines
-        )
+        parts = [f"job status: {json.dumps(self.status(), indent=1)}", "operator log:", *lines]
+        pods = self.core.list_namespaced_pod(self.namespace).items
+        for pod in pods:
+            log = self.log_of(pod.metadata.name)
+            if log is not None and log.exists():
+                parts.append(f"log of pod {pod.metadata.name} ({pod.status.phase}):")
+                parts.extend(log.read_text(errors="replace").splitlines()[-25:])
+        return "\n".join(parts)
 
     def rank0(self, generation: int, timeout_s: float = 60) -> tuple[Any, Path]:
         """Worker 0 of `generation` (its pod) and its log, once it has started."""
