@@ -40,7 +40,12 @@ from sailplan.operator.reconcile.nodes import NodeInfo
 from sailplan.operator.reconcile.snapshot import PoolSelectionError, select_pools
 from sailplan.operator.reconcile.summary import KubeEvent, summarize
 from sailplan.operator.replan import machine, triggers
-from sailplan.operator.replan.decision import ReplanConfig, ReplanContext, ReplanInputs
+from sailplan.operator.replan.decision import (
+    ReplanConfig,
+    ReplanContext,
+    ReplanInputs,
+    plan_request,
+)
 from sailplan.operator.replan.state import (
     PHASE_DRAINING,
     PHASE_FAILED,
@@ -48,7 +53,7 @@ from sailplan.operator.replan.state import (
     PHASE_WAITING,
     ReplanState,
 )
-from sailplan.planner.api import Infeasible, Objective, PlanRequest, PlanResult
+from sailplan.planner.api import Infeasible, PlanRequest, PlanResult
 from sailplan.planner.catalog import Catalog, UnknownModelError
 from sailplan.planner.cluster import ClusterSnapshot
 from sailplan.planner.modelspec import ModelSpec
@@ -423,21 +428,7 @@ def _plan(
     if status.phase == api.PHASE_UNSCHEDULABLE and status.unschedulable_inputs == inputs:
         return _finish(observed, status)
 
-    spec = job.spec
-    request = PlanRequest(
-        model=model,
-        global_batch_size=spec.training.global_batch_size,
-        optimizer=spec.training.optimizer,
-        cluster=snapshot,
-        objective=Objective(
-            kind="cost" if spec.objective.kind == "Cost" else "throughput",
-            min_samples_per_second=spec.objective.min_samples_per_second,
-            max_usd_per_hour=spec.objective.max_usd_per_hour,
-            max_usd_per_iteration=spec.objective.max_usd_per_iteration,
-        ),
-        max_pipeline_depth=spec.objective.max_pipeline_depth,
-    )
-    result = planner(request, observed.measured)
+    result = planner(plan_request(job, model, snapshot), observed.measured)
     if isinstance(result, Infeasible):
         status = status.model_copy(update={"unschedulable_inputs": inputs})
         return _unschedulable(
@@ -453,7 +444,7 @@ def _plan(
         f"planned with estimated profiles: {', '.join(estimated)}" if estimated else "",
         generation,
     )
-    if estimated and spec.profiling.mode == "Required":
+    if estimated and job.spec.profiling.mode == "Required":
         message = (
             f"spec.profiling.mode is Required and {len(estimated)} profiles are not measured "
             f"(first: {estimated[0]}); store measured profiles to proceed"
