@@ -195,6 +195,15 @@ def wait_phase(
     return job
 
 
+def job_events(k8s_api: Any, namespace: str, job: str) -> list[Any]:
+    events: list[Any] = (
+        client.CoreV1Api(k8s_api)
+        .list_namespaced_event(namespace, field_selector=f"involvedObject.name={job}")
+        .items
+    )
+    return events
+
+
 def pods_of(k8s_api: Any, namespace: str, job: str) -> list[Any]:
     pods: list[Any] = (
         client.CoreV1Api(k8s_api)
@@ -350,12 +359,15 @@ def test_infeasible_job_is_unschedulable_with_the_reason(
     assert conditions["Unschedulable"]["reason"] == "BelowThroughputFloor"
     assert conditions["Unschedulable"]["message"]
     assert not pods_of(k8s_api, namespace, "greedy")
-    events = (
-        client.CoreV1Api(k8s_api)
-        .list_namespaced_event(namespace, field_selector="involvedObject.name=greedy")
-        .items
+    # The operator posts Events right after its status write, so they may trail the phase.
+    wait_for(
+        "a Warning Event BelowThroughputFloor",
+        lambda: any(
+            e.reason == "BelowThroughputFloor" and e.type == "Warning"
+            for e in job_events(k8s_api, namespace, "greedy")
+        ),
+        timeout_s=30,
     )
-    assert any(e.reason == "BelowThroughputFloor" and e.type == "Warning" for e in events)
 
 
 def test_unknown_model_is_invalid_with_the_valid_names(
@@ -570,13 +582,19 @@ def test_operator_runs_with_exactly_the_manifest_rbac(
                 GROUP, VERSION, "gpupools", pool
             )["status"]
             assert pool_status["gpuType"] == "A100-40"
-            events = (
-                client.CoreV1Api(k8s_api)
-                .list_namespaced_event(namespace, field_selector="involvedObject.name=rbac")
-                .items
-            )
-            log = (tmp_path / "operator.log").read_text()
-            assert {"Planned", "PodsCreated"} <= {e.reason for e in events}, log[-3000:]
+            log_file = tmp_path / "operator.log"
+            try:
+                wait_for(
+                    "Events Planned and PodsCreated",
+                    lambda: (
+                        {"Planned", "PodsCreated"}
+                        <= {e.reason for e in job_events(k8s_api, namespace, "rbac")}
+                    ),
+                    timeout_s=30,
+                )
+            except AssertionError as error:
+                raise AssertionError(f"{error}\n{log_file.read_text()[-3000:]}") from None
+            log = log_file.read_text()
             assert "Forbidden" not in log, log[-2000:]
         finally:
             operator.stop()
