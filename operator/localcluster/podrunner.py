@@ -8,10 +8,18 @@ kubelet:
 
 - keeps the node Ready: a Lease in kube-node-lease and the Ready condition are renewed
   every `heartbeat_s`, so the node lifecycle controller does not mark it NotReady;
-- watches the pods bound to it (`spec.nodeName`), materializes their volumes under a
-  per-pod directory, builds the first container's environment and argv
-  (podrunner_pod), starts it in its own process group with stdout/stderr in a per-pod
-  log, and reports Running, then Succeeded/Failed with the exit code (podrunner_status);
+- watches the pods bound to it (`spec.nodeName`), materializes their volumes once under a
+  per-pod directory (an emptyDir is one directory for all of the pod's containers), then
+  runs each init container to completion, in order, and then the first app container
+  (podrunner_pod.run_order; one process per pod at a time): each with its own
+  environment and argv (podrunner_pod), in its own process group, with stdout/stderr in a
+  per-run log file `logs/<container>/<restart>.log` as the kubelet's /var/log/pods;
+- reports the pod like a kubelet (podrunner_status): Pending with initContainerStatuses
+  while init containers run, Running, then Succeeded/Failed with the exit codes; a failed
+  init container fails the pod under restartPolicy Never and is restarted otherwise;
+- serves those logs on the kubelet's /containerLogs endpoint (podrunner_logs, HTTPS on
+  127.0.0.1), and gives its nodes only that address and port, so the API server's
+  `pods/log` (`kubectl logs`, read_namespaced_pod_log) reaches it;
 - re-renders downward API files when the pod's labels or annotations change;
 - on graceful deletion sends SIGTERM, waits up to the grace period, SIGKILLs the process
   group, then deletes the pod object with grace 0 (what the kubelet's status manager does).
@@ -22,7 +30,8 @@ more status from this node, node NotReady then gone; the control plane's pod GC 
 
 Every process is killed on close() and at interpreter exit: no orphans after a failed test.
 The API calls run on background threads (one pod watch and one heartbeat per node, one
-waiter per process); state is guarded by one lock per pod plus one for the tables.
+waiter per process, the log server's); state is guarded by one lock per pod plus one for
+the tables.
 """
 
 from __future__ import annotations
@@ -54,6 +63,7 @@ from . import podrunner_pod as podspec
 from . import podrunner_status as podstatus
 from .kubeconfig import api_client
 from .nodes import MANAGER_LABEL, NodePool, node_manifest
+from .podrunner_logs import LogRequestError, LogServer, LogSource
 
 log = logging.getLogger(__name__)
 
@@ -160,14 +170,17 @@ class _Pod:
     pod: dict[str, Any]
     directory: Path
     lock: threading.RLock = field(default_factory=threading.RLock)
+    # What runs, in order (podrunner_pod.run_order), and each one's state; `step` is the
+    # index of the one running or next to run.
+    order: tuple[tuple[Mapping[str, Any], bool], ...] = ()
+    runs: list[podstatus.ContainerRun] = field(default_factory=list)
+    step: int = 0
+    volumes: tuple[podspec.Volume, ...] | None = None  # rendered once, before the first run
     volume_dirs: dict[str, Path] = field(default_factory=dict)
     tracked_volumes: tuple[str, ...] = ()  # volumes rendered from labels/annotations
     process: subprocess.Popen[bytes] | None = None
-    container_id: str = ""
     start_time: str = ""
-    started_at: str = ""
-    restarts: int = 0
-    last_state: dict[str, Any] | None = None
+    started_at: str = ""  # of the current run
     ports: dict[str, int] = field(default_factory=dict)
     deleting: bool = False
     disruption: podstatus.Disruption | None = None
@@ -177,6 +190,13 @@ class _Pod:
     @property
     def key(self) -> str:
         return podspec.key(self.pod)
+
+    @property
+    def current(self) -> podstatus.ContainerRun:
+        return self.runs[min(self.step, len(self.runs) - 1)]
+
+    def log_file(self, container: str, restart: int) -> Path:
+        return self.directory / "logs" / container / f"{restart}.log"
 
 
 class _NodeAgent:
@@ -232,7 +252,8 @@ class _NodeAgent:
                 "lastTransitionTime": self._ready_since,
             }
         )
-        node = core.patch_node_status(self.name, {"status": {"conditions": conditions}})
+        status = {"conditions": conditions, **self.runner._node_identity()}
+        node = core.patch_node_status(self.name, {"status": status})
         lease = {
             "metadata": {
                 "name": self.name,
@@ -357,6 +378,8 @@ class PodRunner:
         self._pods: dict[str, _Pod] = {}
         self._volumes: list[str] = []  # PersistentVolumes made by provision_claim
         self._closed = False
+        # The kubelet's log endpoint of every node of this runner (they share 127.0.0.1).
+        self._log_server = LogServer(self._log_source, self.workdir / "pki")
         atexit.register(self.close)
 
     @classmethod
@@ -377,25 +400,7 @@ class PodRunner:
         body["metadata"].setdefault("labels", {})[MANAGER_LABEL] = RUNNER_AGENT
         name: str = body["metadata"]["name"]
         self.core.create_node(body)
-        status = {
-            **(body.get("status") or {}),
-            "addresses": [
-                {"type": "InternalIP", "address": podspec.POD_IP},
-                {"type": "Hostname", "address": name},
-            ],
-            "nodeInfo": {
-                "architecture": "amd64",
-                "operatingSystem": "linux",
-                "kubeletVersion": "sailplan-podrunner",
-                "kubeProxyVersion": "",
-                "containerRuntimeVersion": "podrunner://local-process",
-                "osImage": "local processes",
-                "kernelVersion": os.uname().release,
-                "machineID": "",
-                "systemUUID": "",
-                "bootID": "",
-            },
-        }
+        status = {**(body.get("status") or {}), **self._node_identity()}
         self.core.patch_node_status(name, {"status": status})
         self._start_agent(name)
         self._wait_schedulable(name, timeout_s)
@@ -529,12 +534,17 @@ class PodRunner:
             return matches[-1].directory
         raise KeyError(f"pod {namespace}/{name} was not run by this runner")
 
-    def log_path(self, namespace: str, name: str) -> Path:
-        directory = self.pod_dir(namespace, name)
-        logs = sorted(directory.glob("*.log"))
-        if not logs:
-            raise KeyError(f"pod {namespace}/{name} has no log yet")
-        return logs[0]
+    @property
+    def kubelet_port(self) -> int:
+        """Where this runner's nodes serve /containerLogs (their kubeletEndpoint port)."""
+        return self._log_server.port
+
+    def log_path(self, namespace: str, name: str, container: str | None = None) -> Path:
+        """The log file of the latest run of `container` (default: the app container)."""
+        try:
+            return self._log_source(namespace, name, container, previous=False).path
+        except LogRequestError as error:
+            raise KeyError(error.message) from None
 
     def ports(self, namespace: str, name: str) -> dict[str, int]:
         """The ports given to the pod's port env vars (e.g. where its metrics are served)."""
@@ -559,6 +569,7 @@ class PodRunner:
                 if entry.process is not None and entry.process.poll() is None:
                     entry.process.send_signal(signal.SIGTERM)
         self._stop_pods(pods, grace_s)
+        self._log_server.close()
         for volume in self._volumes:
             # Best effort: at interpreter exit the API server may be gone already.
             with contextlib.suppress(client.ApiException, Urllib3Error, OSError):
@@ -566,6 +577,32 @@ class PodRunner:
         atexit.unregister(self.close)
 
     # ---- internals: nodes ----------------------------------------------------------------------
+
+    def _node_identity(self) -> dict[str, Any]:
+        """The node status fields that say how to reach this "kubelet" (every heartbeat
+        writes them: a node taken over from kwok had kwok's)."""
+        return {
+            # Only InternalIP: kube-apiserver dials the first of its preferred address types
+            # (Hostname first by default) that a node has, and node names do not resolve.
+            # `$patch: replace`, since addresses merge by type otherwise.
+            "addresses": [
+                {"type": "InternalIP", "address": podspec.POD_IP},
+                {"$patch": "replace"},
+            ],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": self._log_server.port}},
+            "nodeInfo": {
+                "architecture": "amd64",
+                "operatingSystem": "linux",
+                "kubeletVersion": "sailplan-podrunner",
+                "kubeProxyVersion": "",
+                "containerRuntimeVersion": "podrunner://local-process",
+                "osImage": "local processes",
+                "kernelVersion": os.uname().release,
+                "machineID": "",
+                "systemUUID": "",
+                "bootID": "",
+            },
+        }
 
     def _lose_node(self, name: str) -> list[_Pod]:
         """Stop playing node `name` and SIGKILL its processes, reporting nothing."""
@@ -622,6 +659,57 @@ class PodRunner:
         }
         self.core.patch_node_status(name, {"status": {"conditions": [condition]}})
 
+    # ---- internals: logs -----------------------------------------------------------------------
+
+    def _log_source(
+        self, namespace: str, name: str, container: str | None, previous: bool
+    ) -> LogSource:
+        """The log of a container's latest (or previous) run, for the log endpoint.
+
+        Errors are the kubelet's: 404 for an unknown pod or container, 400 for a container
+        that has not started yet or has no previous run.
+        """
+        with self._lock:
+            matches = [p for p in self._pods.values() if p.key == f"{namespace}/{name}"]
+        if not matches:
+            raise LogRequestError(404, f'pod "{namespace}/{name}" does not exist')
+        entry = matches[-1]
+        with entry.lock:
+            wanted = container if container is not None else entry.runs[-1].name
+            runs = [r for r in entry.runs if r.name == wanted]
+            if not runs:
+                raise LogRequestError(404, f'container "{wanted}" not found in pod "{name}"')
+            run = runs[0]
+            # restartCount counts finished runs; the newest run that left a file is the
+            # current one (the run numbered restartCount may not have started yet).
+            latest = next(
+                (n for n in range(run.restarts, -1, -1) if entry.log_file(wanted, n).exists()),
+                None,
+            )
+            if latest is None:
+                reason = run.state.get("waiting", {}).get("reason", "ContainerCreating")
+                raise LogRequestError(
+                    400, f'container "{wanted}" in pod "{name}" is waiting to start: {reason}'
+                )
+            if previous:
+                if latest == 0:
+                    raise LogRequestError(
+                        400, f'previous terminated container "{wanted}" in pod "{name}" not found'
+                    )
+                return LogSource(entry.log_file(wanted, latest - 1), lambda: False)
+            process = entry.process
+
+        def running() -> bool:
+            with entry.lock:
+                return (
+                    entry.current is run
+                    and entry.process is process
+                    and process is not None
+                    and process.poll() is None
+                )
+
+        return LogSource(entry.log_file(wanted, latest), running)
+
     # ---- internals: pod events -----------------------------------------------------------------
 
     def _pods_on(self, node: str) -> list[_Pod]:
@@ -654,6 +742,8 @@ class PodRunner:
                     / (f"{metadata['namespace']}_{metadata['name']}_{metadata['uid'][:8]}")
                 )
                 entry = _Pod(uid=metadata["uid"], node=agent.name, pod=pod, directory=directory)
+                entry.order = podspec.run_order(pod)
+                entry.runs = podstatus.container_runs(entry.order)
                 self._pods[entry.uid] = entry
         if entry is None:
             # Finished before this runner saw it: only a pending deletion is left to do.
@@ -667,8 +757,14 @@ class PodRunner:
             old, entry.pod = entry.pod, pod
             if new and phase == "Running":
                 # Started before this runner took the node over: its container is not here.
-                # A kubelet that lost a container's state reports it the same way.
+                # A kubelet that lost a container's state reports it the same way. Running
+                # means its init containers had completed.
                 entry.start_time = (pod.get("status") or {}).get("startTime") or _now()
+                for run in entry.runs[:-1]:
+                    run.state = podstatus.terminated_state(
+                        0, entry.start_time, entry.start_time, ""
+                    )
+                entry.step = len(entry.runs) - 1
                 self._report_terminal(
                     entry,
                     exit_code=137,
@@ -702,29 +798,34 @@ class PodRunner:
     # ---- internals: starting a pod ------------------------------------------------------------
 
     def _start(self, entry: _Pod) -> None:
-        """Materialize volumes, build the launch and start the process (entry.lock held)."""
+        """Start the container whose turn it is (entry.step): volumes on the first call, then
+        its launch and process (entry.lock held)."""
         if entry.process is not None or entry.finished.is_set() or entry.deleting:
             return
         pod = entry.pod
+        container, _ = entry.order[entry.step]
         entry.start_time = entry.start_time or _now()
         try:
-            volumes = podspec.render_volumes(pod, self._sources)
+            volumes = entry.volumes
+            if volumes is None:
+                volumes = podspec.render_volumes(pod, self._sources)
             allocatable = self._allocatable(entry.node)
-            spec = podspec.launch(pod, self._sources, self.entrypoints, allocatable)
+            spec = podspec.launch(pod, self._sources, self.entrypoints, allocatable, container)
             services = self._service_names(podspec.meta(pod)["namespace"])
         except (podspec.PodConfigError, client.ApiException, Urllib3Error, OSError) as error:
             # Like the kubelet: report why the container waits, try again shortly.
             reason, message = "ContainerCreating", str(error)
             if isinstance(error, podspec.PodConfigError):
                 reason, message = error.reason, error.message
-            self._patch_status(
-                entry, podstatus.waiting_status(pod, reason, message, entry.start_time, _now())
-            )
-            timer = threading.Timer(self.retry_s, self._retry, args=(entry,))
-            timer.daemon = True
-            timer.start()
+            entry.current.state = podstatus.waiting(reason, message)
+            self._patch_pod_status(entry)
+            self._retry_later(entry)
             return
-        self._materialize(entry, volumes)
+        if entry.volumes is None:
+            # Once per pod, as the kubelet mounts before the first init container: every
+            # container then sees the same emptyDir directory.
+            self._materialize(entry, volumes)
+            entry.volumes = volumes
         mounts: dict[str, str] = {}
         for mount in spec.mounts:
             if mount.volume not in entry.volume_dirs:
@@ -752,7 +853,12 @@ class PodRunner:
         env = self._process_env(entry, spec, hostname, mounts, local)
         cwd = local(spec.working_dir) if spec.working_dir else str(entry.directory)
         Path(cwd).mkdir(parents=True, exist_ok=True)
-        self._spawn(entry, spec.container, argv, env, cwd)
+        self._spawn(entry, argv, env, cwd)
+
+    def _retry_later(self, entry: _Pod) -> None:
+        timer = threading.Timer(self.retry_s, self._retry, args=(entry,))
+        timer.daemon = True
+        timer.start()
 
     def _retry(self, entry: _Pod) -> None:
         with entry.lock:
@@ -883,11 +989,11 @@ class PodRunner:
         _write_atomic(path, yaml.safe_dump(config).encode(), 0o600)
         return path
 
-    def _spawn(
-        self, entry: _Pod, container: str, argv: list[str], env: dict[str, str], cwd: str
-    ) -> None:
-        log_file = entry.directory / f"{container or 'container'}.log"
-        entry.directory.mkdir(parents=True, exist_ok=True)
+    def _spawn(self, entry: _Pod, argv: list[str], env: dict[str, str], cwd: str) -> None:
+        """Start the current run's process, its output in the run's own log file."""
+        run = entry.current
+        log_file = entry.log_file(run.name, run.restarts)
+        log_file.parent.mkdir(parents=True, exist_ok=True)
         with log_file.open("ab") as out:
             try:
                 # Own session = own process group: SIGKILL reaches the whole "container"
@@ -907,19 +1013,10 @@ class PodRunner:
                 self._report_terminal(entry, exit_code=128, message=str(error))
                 return
         entry.process = process
-        entry.container_id = f"podrunner://{process.pid}"
+        run.container_id = f"podrunner://{process.pid}"
         entry.started_at = _now()
-        self._patch_status(
-            entry,
-            podstatus.running_status(
-                entry.pod,
-                container_id=entry.container_id,
-                started_at=entry.started_at,
-                start_time=entry.start_time,
-                restarts=entry.restarts,
-                last_state=entry.last_state,
-            ),
-        )
+        run.state = podstatus.running(entry.started_at)
+        self._patch_pod_status(entry)
         threading.Thread(
             target=self._wait, args=(entry, process), name=f"wait-{process.pid}", daemon=True
         ).start()
@@ -935,19 +1032,28 @@ class PodRunner:
             if entry.abandoned:
                 entry.finished.set()
                 return
-            if (
-                not entry.deleting
-                and entry.disruption is None
-                and podstatus.restarts_after(entry.pod, code)
-            ):
-                entry.last_state = podstatus.terminated_state(
-                    code, entry.started_at, _now(), entry.container_id
+            run = entry.current
+            going_on = not entry.deleting and entry.disruption is None and not self._closed
+            next_turn = going_on and run.init and code == 0
+            restart = going_on and not next_turn and podstatus.restarts_after(entry.pod, code)
+            finished = podstatus.terminated_state(code, entry.started_at, _now(), run.container_id)
+            if next_turn or restart:
+                entry.process = None  # kept otherwise: _stop_pods waits for its report
+                entry.started_at = ""
+            if next_turn:
+                # Next container's turn (the kubelet starts it at once).
+                run.state = finished
+                entry.step += 1
+                self._start(entry)
+                return
+            if restart:
+                run.last_state = finished
+                run.restarts += 1
+                run.state = podstatus.waiting(
+                    "CrashLoopBackOff", f"back-off restarting failed container {run.name}"
                 )
-                entry.restarts += 1
-                entry.process = None
-                timer = threading.Timer(self.retry_s, self._retry, args=(entry,))
-                timer.daemon = True
-                timer.start()
+                self._patch_pod_status(entry)
+                self._retry_later(entry)
                 return
             self._report_terminal(entry, exit_code=code)
 
@@ -957,21 +1063,13 @@ class PodRunner:
         with entry.lock:
             if entry.finished.is_set():
                 return
-            status = podstatus.terminated_status(
-                entry.pod,
-                exit_code=exit_code,
-                container_id=entry.container_id,
-                started_at=entry.started_at or _now(),
-                finished_at=_now(),
-                start_time=entry.start_time or _now(),
-                restarts=entry.restarts,
-                message=message,
-                disruption=entry.disruption,
-                last_state=entry.last_state,
+            run = entry.current
+            run.state = podstatus.terminated_state(
+                exit_code, entry.started_at or _now(), _now(), run.container_id, message
             )
             if reason:
-                status["containerStatuses"][0]["state"]["terminated"]["reason"] = reason
-            self._patch_status(entry, status)
+                run.state["terminated"]["reason"] = reason
+            self._patch_pod_status(entry, terminal=True)
             entry.finished.set()
             deleting = entry.deleting
         if deleting:
@@ -1022,6 +1120,19 @@ class PodRunner:
         except client.ApiException as error:
             if error.status not in (404, 409):  # already gone, or a newer pod of that name
                 log.warning("delete of pod %s failed: %s", podspec.key(pod), error.reason)
+
+    def _patch_pod_status(self, entry: _Pod, terminal: bool = False) -> None:
+        """Report the pod from its container runs (entry.lock held)."""
+        entry.start_time = entry.start_time or _now()
+        status = podstatus.pod_status(
+            entry.pod,
+            entry.runs,
+            start_time=entry.start_time,
+            now=_now(),
+            terminal=terminal,
+            disruption=entry.disruption,
+        )
+        self._patch_status(entry, status)
 
     def _patch_status(self, entry: _Pod, status: dict[str, Any]) -> None:
         metadata = podspec.meta(entry.pod)

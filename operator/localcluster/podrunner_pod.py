@@ -4,8 +4,8 @@ The e2e pod runner (podrunner.py) plays the kubelet for nodes kwok does not mana
 module is its pure half: from the Pod object (a camelCase dict as the API server sends it)
 and the objects it refers to, it computes the files of each volume, the container's
 environment (env, envFrom, fieldRef, resourceFieldRef, configMap/secret keys, `$(VAR)`
-expansion), the argv and working directory, and the status documents the kubelet would
-write. No I/O: lookups of ConfigMaps, Secrets and tokens go through the `Sources` protocol,
+expansion), the argv and working directory of each container it runs (the init containers
+in order, then the first app container: run_order). No I/O: lookups of ConfigMaps, Secrets and tokens go through the `Sources` protocol,
 so unit tests feed it plain dicts.
 
 Two things differ from a kubelet, because the processes share this machine's filesystem
@@ -91,7 +91,7 @@ class Mount:
 
 @dataclass(frozen=True)
 class Launch:
-    """What to run for the pod's first container, paths not yet rewritten."""
+    """What to run for one container of the pod, paths not yet rewritten."""
 
     container: str
     argv: tuple[str, ...]
@@ -126,6 +126,15 @@ def first_container(pod: Mapping[str, Any]) -> Mapping[str, Any]:
         raise PodConfigError("CreateContainerConfigError", "pod has no containers")
     first: Mapping[str, Any] = containers[0]
     return first
+
+
+def run_order(pod: Mapping[str, Any]) -> tuple[tuple[Mapping[str, Any], bool], ...]:
+    """The containers the runner runs, in order, each with whether it is an init container:
+    every init container (each must exit 0 before the next starts), then the first app
+    container. One app container because the runner runs one process per pod at a time
+    (sidecars and multi-container pods are not needed by sailplan's pods)."""
+    init = (pod.get("spec") or {}).get("initContainers") or []
+    return (*((c, True) for c in init), (first_container(pod), False))
 
 
 def _labels_or_annotations(pod: Mapping[str, Any], which: str) -> Mapping[str, str]:
@@ -441,13 +450,17 @@ def launch(
     sources: Sources,
     entrypoints: Mapping[str, Iterable[str]],
     allocatable: Mapping[str, str] | None = None,
+    container: Mapping[str, Any] | None = None,
 ) -> Launch:
-    """The first container's argv, env, working dir and mounts (paths not yet rewritten).
+    """A container's argv, env, working dir and mounts (paths not yet rewritten); the first
+    app container unless `container` (one of the pod's, e.g. an init container) is given.
+    Each container has its own env and resources, so resourceFieldRef reads its own limits.
 
     A container without `command` runs its image's entrypoint, which only the image knows:
     `entrypoints` maps image references to it (the runner cannot read images).
     """
-    container = first_container(pod)
+    if container is None:
+        container = first_container(pod)
     env = container_env(pod, container, sources, allocatable)
     command = [str(c) for c in container.get("command") or []]
     args = [str(a) for a in container.get("args") or []]

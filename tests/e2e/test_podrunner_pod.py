@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 
@@ -180,17 +180,136 @@ def test_launch_uses_image_entrypoint_only_when_known() -> None:
     assert launch.argv == ("sailplan-train", "--steps", "5")
 
 
+def _runs(*specs: tuple[str, bool, dict[str, Any]]) -> list[podstatus.ContainerRun]:
+    return [podstatus.ContainerRun(name, "img", init, state) for name, init, state in specs]
+
+
+class _Times(TypedDict, total=False):
+    start_time: str
+    now: str
+    terminal: bool
+
+
+_NOW: _Times = {"start_time": "t0", "now": "t1"}
+_END: _Times = {"start_time": "t0", "now": "t1", "terminal": True}
+
+
+def _done(code: int) -> dict[str, Any]:
+    return podstatus.terminated_state(code, "t0", "t1", "c")
+
+
 def test_terminal_status_phase_reason_and_disruption() -> None:
     pod = _pod({})
-    times = {"container_id": "c", "started_at": "t0", "finished_at": "t1", "start_time": "t0"}
-    ok = podstatus.terminated_status(pod, exit_code=0, **times)
+    ok = podstatus.pod_status(pod, _runs(("main", False, _done(0))), **_END)
     assert ok["phase"] == "Succeeded"
     assert ok["containerStatuses"][0]["state"]["terminated"]["reason"] == "Completed"
+    assert "initContainerStatuses" not in ok  # the pod has none
     disruption = podstatus.Disruption("TerminationByKubelet", "shutdown")
-    preempted = podstatus.terminated_status(pod, exit_code=0, disruption=disruption, **times)
+    preempted = podstatus.pod_status(
+        pod, _runs(("main", False, _done(0))), disruption=disruption, **_END
+    )
     assert preempted["phase"] == "Failed"  # a disrupted pod fails even if it exited cleanly
     assert {c["type"]: c.get("reason") for c in preempted["conditions"]}["DisruptionTarget"] == (
         "TerminationByKubelet"
     )
+    failed = podstatus.pod_status(pod, _runs(("main", False, _done(3))), **_END)
+    assert failed["containerStatuses"][0]["state"]["terminated"]["reason"] == "Error"
+    assert failed["phase"] == "Failed"
     # Popen: -N means killed by signal N; the container runtime reports 128 + N.
     assert [podstatus.exit_code(c) for c in (0, 3, -15, -9)] == [0, 3, 143, 137]
+
+
+def _conditions(status: dict[str, Any]) -> dict[str, tuple[str, str, str]]:
+    return {
+        c["type"]: (c["status"], c.get("reason", ""), c.get("message", ""))
+        for c in status["conditions"]
+    }
+
+
+def test_init_phases_follow_the_kubelet() -> None:
+    # Kubernetes docs (Init Containers): "the Pod's status is Pending with the Initialized
+    # condition False while init containers run"; "if the Pod's restartPolicy is Never and
+    # an init container fails, the overall Pod is treated as failed"; an init container is
+    # ready once it completed successfully, the app container waits in PodInitializing.
+    pod = _pod({})
+    waiting = podstatus.waiting("PodInitializing")
+    running = podstatus.running("t0")
+
+    during = podstatus.pod_status(
+        pod, _runs(("a", True, running), ("b", True, waiting), ("main", False, waiting)), **_NOW
+    )
+    assert during["phase"] == "Pending"
+    assert _conditions(during)["Initialized"] == (
+        "False",
+        "ContainersNotInitialized",
+        "containers with incomplete status: [a b]",
+    )
+    assert [(s["name"], s["started"], s["ready"]) for s in during["initContainerStatuses"]] == [
+        ("a", True, False),
+        ("b", False, False),
+    ]
+
+    after = podstatus.pod_status(
+        pod, _runs(("a", True, _done(0)), ("b", True, _done(0)), ("main", False, running)), **_NOW
+    )
+    assert after["phase"] == "Running"
+    assert [s["ready"] for s in after["initContainerStatuses"]] == [True, True]
+    conditions = _conditions(after)
+    assert (conditions["Initialized"][0], conditions["Ready"][0]) == ("True", "True")
+
+    failed = podstatus.pod_status(
+        pod, _runs(("a", True, _done(7)), ("main", False, waiting)), **_END
+    )
+    assert failed["phase"] == "Failed"
+    assert failed["containerStatuses"][0]["state"] == {"waiting": {"reason": "PodInitializing"}}
+    assert _conditions(failed)["Ready"][1] == "PodCompleted"
+
+
+def test_condition_keeps_its_transition_time_while_its_status_holds() -> None:
+    pod = _pod({})
+    running = _runs(("main", False, podstatus.running("t0")))
+    first = podstatus.pod_status(pod, running, start_time="t0", now="t1")
+    pod["status"] = first
+    again = podstatus.pod_status(pod, running, start_time="t0", now="t2")
+    done = podstatus.pod_status(
+        pod, _runs(("main", False, _done(0))), start_time="t0", now="t3", terminal=True
+    )
+    times = {c["type"]: c["lastTransitionTime"] for c in again["conditions"]}
+    assert times["Ready"] == "t1"  # still True: the transition was at t1
+    assert {c["type"]: c["lastTransitionTime"] for c in done["conditions"]}["Ready"] == "t3"
+
+
+def test_restarting_app_container_keeps_the_pod_running() -> None:
+    # kubelet getPhase: a container waiting to be restarted (it has a last termination
+    # state) counts as started, so the pod stays Running between restarts.
+    pod = _pod({})
+    (run,) = _runs(("main", False, podstatus.waiting("CrashLoopBackOff")))
+    run.last_state, run.restarts = _done(5), 1
+    status = podstatus.pod_status(pod, [run], start_time="t0", now="t1")
+    assert status["phase"] == "Running"
+    assert status["containerStatuses"][0]["lastState"]["terminated"]["exitCode"] == 5
+
+
+def test_run_order_is_init_containers_then_the_first_app_container() -> None:
+    pod = _pod({})
+    pod["spec"]["initContainers"] = [{"name": "i1"}, {"name": "i2"}]
+    pod["spec"]["containers"].append({"name": "sidecar"})
+    order = [(c["name"], init) for c, init in podspec.run_order(pod)]
+    assert order == [("i1", True), ("i2", True), ("main", False)]
+
+
+def test_launch_of_an_init_container_uses_its_own_env_and_resources() -> None:
+    init = {
+        "name": "prep",
+        "image": "img",
+        "command": ["prep", "$(WHO)"],
+        "env": [
+            {"name": "WHO", "value": "init"},
+            {"name": "CPUS", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu"}}},
+        ],
+        "resources": {"limits": {"cpu": "3"}},
+    }
+    pod = _pod({"command": ["main"], "resources": {"limits": {"cpu": "1"}}})
+    launch = podspec.launch(pod, FakeSources(), {}, {"cpu": "48"}, container=init)
+    assert (launch.container, launch.argv) == ("prep", ("prep", "init"))
+    assert launch.env["CPUS"] == "3"  # the init container's limit, not the app container's
