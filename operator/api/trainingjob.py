@@ -23,6 +23,7 @@ from sailplan.operator.api.common import (
     Quantity,
     StatusModel,
 )
+from sailplan.operator.replan import defaults
 from sailplan.operator.replan.state import ReplanState
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.workerenv import DEFAULT_MASTER_PORT
@@ -233,17 +234,88 @@ class CheckpointSpec(KubeModel):
     keep: int = Field(default=2, ge=1, le=100)
 
 
+# The class docstrings below are the CRD's descriptions (kubectl explain): user-facing text.
+# Unset optional fields take replan.defaults; replan.decision.effective_config applies them.
 class ReplanPolicy(KubeModel):
+    """When a cluster change is worth switching plans, and how a planned switch runs. Unset
+    optional fields take the operator's defaults, quoted in each field's description."""
+
     min_predicted_gain: float = Field(
         default=0.1, ge=0, le=10, description="replan only if samples/s improves by this fraction"
     )
-    cooldown_seconds: int = Field(default=300, ge=0, le=86400)
+    cooldown_seconds: int = Field(
+        default=300,
+        ge=0,
+        le=86400,
+        description="after a switch, voluntary switches wait this long; lost capacity, "
+        "failures and objective edits do not",
+    )
+    horizon_seconds: int | None = Field(
+        default=None,
+        ge=60,
+        le=30 * 86400,
+        description="how long a new plan is expected to run when a voluntary switch weighs "
+        "its gain against the restart cost: the work judged is what is left, but at most "
+        "this long at the current plan's speed; a longer horizon accepts smaller gains. "
+        f"Unset: {defaults.HORIZON_SECONDS} ({defaults.HORIZON_SECONDS // 3600} h)",
+    )
+    drain_timeout_seconds: int | None = Field(
+        default=None,
+        ge=10,
+        le=86400,
+        description="how long a planned switch waits for the workers to checkpoint and exit "
+        "before deleting them (steps since the last complete checkpoint are then lost). "
+        f"Unset: {defaults.DRAIN_TIMEOUT_SECONDS}",
+    )
+    checkpoint_bandwidth_bytes_per_second: int | None = Field(
+        default=None,
+        ge=10**6,
+        le=10**13,
+        description="aggregate bandwidth to checkpoint storage, used to predict the "
+        "checkpoint save and load time in the restart cost a switch must repay. Unset: "
+        f"{defaults.CHECKPOINT_BANDWIDTH_BYTES_PER_SECOND} (1 GB/s)",
+    )
+
+
+FAILURE_RULES: Final[list[JsonValue]] = [
+    {
+        "rule": "!has(self.backoffSeconds) || !has(self.maxBackoffSeconds) "
+        "|| self.maxBackoffSeconds >= self.backoffSeconds",
+        "message": "maxBackoffSeconds must be at least backoffSeconds",
+    },
+]
 
 
 class FailurePolicy(KubeModel):
+    """How often and how soon the job restarts after real failures (never preemptions)."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": FAILURE_RULES})
+
     max_restarts: int = Field(
         default=3, ge=0, le=1000, description="restarts after real failures; preemptions are free"
     )
+    backoff_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=3600,
+        description="delay before the first restart after a real failure; it doubles with "
+        f"each further restart, up to maxBackoffSeconds. Unset: {defaults.BACKOFF_SECONDS}",
+    )
+    max_backoff_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=86400,
+        description="the longest restart delay. Unset: "
+        f"{defaults.MAX_BACKOFF_SECONDS}, or backoffSeconds where that is larger",
+    )
+
+    @model_validator(mode="after")
+    def _cap_not_below_base(self) -> FailurePolicy:
+        # FAILURE_RULES said in Python, so a model built outside the API server agrees.
+        base, cap = self.backoff_seconds, self.max_backoff_seconds
+        if base is not None and cap is not None and cap < base:
+            raise ValueError("maxBackoffSeconds must be at least backoffSeconds")
+        return self
 
 
 class ProfilingPolicy(KubeModel):

@@ -2,14 +2,16 @@
 
 The restart cost is the time training stands still: write a checkpoint, tear the pods
 down, start new pods (schedule, pull, rendezvous), read the checkpoint back. Checkpoint
-traffic is estimated from the model's size and a configurable storage bandwidth; where the
-last switch was measured (checkpoint request to clean exit) that measurement replaces the
-estimate of the save and teardown.
+traffic is estimated from the model's size and the storage bandwidth (the job's
+spec.replan.checkpointBandwidthBytesPerSecond, else 1 GB/s); where the last switch was
+measured (checkpoint request to clean exit) that measurement replaces the estimate of the
+save and teardown.
 
-The gain is judged over the work that is left (capped by a horizon, since a prediction
-for a week from now is worth little): a switch pays when the time it saves (Throughput) or
-the money it saves (Cost) over that work exceeds what the restart costs, and the relative
-gain reaches the job's spec.replan.minPredictedGain. Called by replan.decision.
+The gain is judged over the work that is left, capped by a horizon (the job's
+spec.replan.horizonSeconds, else 6 h), since a prediction for a week from now is worth
+little: a switch pays when the time it saves (Throughput) or the money it saves (Cost) over
+that work exceeds what the restart costs, and the relative gain reaches the job's
+spec.replan.minPredictedGain. Called by replan.decision.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from sailplan.operator.replan import defaults
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.plan import Predictions
 
@@ -31,7 +34,7 @@ class RestartCostModel:
     zone), 15 s to tear pods down after the checkpoint, 90 s to schedule, start and
     rendezvous new pods with a cached image."""
 
-    storage_bytes_per_second: float = 1e9
+    storage_bytes_per_second: float = float(defaults.CHECKPOINT_BANDWIDTH_BYTES_PER_SECOND)
     teardown_seconds: float = 15.0
     pod_start_seconds: float = 90.0
 

@@ -9,16 +9,26 @@ and the same measurements. A current plan that breaks the (edited) constraints i
 switched away from whatever the gain.
 
 Called by replan.machine with the planner the operator uses (planner.api.make_plan).
+effective_config folds one job's spec.replan and spec.failure overrides into the
+operator-wide ReplanConfig; the TrainingJob reconcile applies it on every pass, so an edit
+to those fields takes effect at the next decision, drain deadline or restart delay.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from sailplan.operator.api.trainingjob import TrainingJob
 from sailplan.operator.reconcile.nodes import NodeInfo
 from sailplan.operator.replan.cost import Evaluation, RestartCostModel, evaluate
+from sailplan.operator.replan.defaults import (
+    BACKOFF_SECONDS,
+    DRAIN_TIMEOUT_SECONDS,
+    HORIZON_SECONDS,
+    MAX_BACKOFF_SECONDS,
+)
 from sailplan.operator.replan.triggers import Trigger, WorkerPod, plan_shortfall
 from sailplan.planner.api import Infeasible, Objective, PlanRequest, PlanResult
 from sailplan.planner.catalog import Catalog
@@ -34,13 +44,48 @@ Planner = Callable[[PlanRequest, ProfileSet], PlanResult]
 
 @dataclass(frozen=True)
 class ReplanConfig:
-    """Operator-wide settings the CRD does not (yet) carry; see the module docs for why."""
+    """Replan and restart settings: the operator's defaults (replan.defaults, restart cost
+    flags of `sailplan operator run`), or one job's view of them (effective_config)."""
 
     restart: RestartCostModel = field(default_factory=RestartCostModel)
-    horizon_seconds: float = 6 * 3600.0
-    drain_timeout_seconds: float = 300.0
-    backoff_base_seconds: float = 10.0
-    backoff_cap_seconds: float = 600.0
+    horizon_seconds: float = float(HORIZON_SECONDS)
+    drain_timeout_seconds: float = float(DRAIN_TIMEOUT_SECONDS)
+    backoff_base_seconds: float = float(BACKOFF_SECONDS)
+    backoff_cap_seconds: float = float(MAX_BACKOFF_SECONDS)
+
+
+def effective_config(defaults: ReplanConfig, job: TrainingJob) -> ReplanConfig:
+    """`defaults` with the job's spec.replan and spec.failure overrides: a field the job
+    sets wins, an unset one keeps the operator's value.
+
+    A job that raises backoffSeconds above the operator's cap without setting its own
+    maxBackoffSeconds asked for at least that delay; the cap is raised to it rather than
+    silently cutting the delay the user wrote.
+    """
+    replan, failure = job.spec.replan, job.spec.failure
+    restart = defaults.restart
+    if replan.checkpoint_bandwidth_bytes_per_second is not None:
+        restart = dataclasses.replace(
+            restart, storage_bytes_per_second=float(replan.checkpoint_bandwidth_bytes_per_second)
+        )
+    base = _or(failure.backoff_seconds, defaults.backoff_base_seconds)
+    cap = (
+        float(failure.max_backoff_seconds)
+        if failure.max_backoff_seconds is not None
+        else max(defaults.backoff_cap_seconds, base)
+    )
+    return dataclasses.replace(
+        defaults,
+        restart=restart,
+        horizon_seconds=_or(replan.horizon_seconds, defaults.horizon_seconds),
+        drain_timeout_seconds=_or(replan.drain_timeout_seconds, defaults.drain_timeout_seconds),
+        backoff_base_seconds=base,
+        backoff_cap_seconds=cap,
+    )
+
+
+def _or(value: int | None, default: float) -> float:
+    return default if value is None else float(value)
 
 
 @dataclass(frozen=True)

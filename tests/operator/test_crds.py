@@ -69,6 +69,31 @@ def test_trainingjob_validation_keywords() -> None:
     assert _node(schema, ".spec.failure.maxRestarts")["default"] == 3
 
 
+def test_per_job_replan_and_failure_settings_are_bounded_optional_integers() -> None:
+    schema = _root_schema(crd.trainingjob_crd())
+    bounds = {
+        ".spec.replan.horizonSeconds": (60, 30 * 86400),
+        ".spec.replan.drainTimeoutSeconds": (10, 86400),
+        ".spec.replan.checkpointBandwidthBytesPerSecond": (10**6, 10**13),
+        ".spec.failure.backoffSeconds": (1, 3600),
+        ".spec.failure.maxBackoffSeconds": (1, 86400),
+    }
+    for path, (low, high) in bounds.items():
+        node = _node(schema, path)
+        assert (node["type"], node["minimum"], node["maximum"]) == ("integer", low, high), path
+        # No default in the schema: absent must stay absent so the operator's default applies
+        # (a CRD default would freeze today's value into every stored object).
+        assert node["nullable"] is True and "default" not in node, path
+        assert "Unset:" in node["description"], path
+    assert "21600" in _node(schema, ".spec.replan.horizonSeconds")["description"]
+    assert "600" in _node(schema, ".spec.failure.maxBackoffSeconds")["description"]
+    (rule,) = _node(schema, ".spec.failure")["x-kubernetes-validations"]
+    assert rule["rule"] == (
+        "!has(self.backoffSeconds) || !has(self.maxBackoffSeconds) "
+        "|| self.maxBackoffSeconds >= self.backoffSeconds"
+    )
+
+
 def test_trainingjob_cel_rules() -> None:
     schema = _root_schema(crd.trainingjob_crd())
     rules = {

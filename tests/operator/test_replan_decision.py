@@ -17,11 +17,13 @@ from sailplan.operator.replan import triggers as t
 from sailplan.operator.replan.cost import RestartCostModel, evaluate
 from sailplan.operator.replan.decision import (
     Keep,
+    ReplanConfig,
     ReplanContext,
     ReplanInputs,
     Switch,
     Wait,
     decide,
+    effective_config,
     plan_request,
 )
 from sailplan.planner.api import Planned, make_plan
@@ -67,8 +69,10 @@ def inputs(plan: Plan | None, snapshot: ClusterSnapshot, the_job: TrainingJob) -
     return ReplanInputs(job=the_job, model=model, plan=plan, pods=(), nodes={}, cluster=snapshot)
 
 
-def context(catalog: Catalog) -> ReplanContext:
-    return ReplanContext(planner=make_plan, catalog=catalog)
+def context(catalog: Catalog, the_job: TrainingJob | None = None) -> ReplanContext:
+    """The operator's default settings, with `the_job`'s overrides as the reconcile applies."""
+    config = effective_config(ReplanConfig(), the_job) if the_job else ReplanConfig()
+    return ReplanContext(planner=make_plan, catalog=catalog, config=config)
 
 
 def test_more_capacity_and_much_work_left_switches(catalog: Catalog, one_node_plan: Plan) -> None:
@@ -194,3 +198,35 @@ def test_restart_cost_from_model_size_and_measured_drain(catalog: Catalog) -> No
     assert cost.restart_seconds(model, "adam") == pytest.approx(2 * transfer + 5 + 50)
     # A measured drain (checkpoint request to clean exit) replaces the save + teardown guess.
     assert cost.restart_seconds(model, "adam", 30.0) == pytest.approx(30 + 50 + transfer)
+
+
+def test_slow_checkpoint_storage_keeps_unless_the_horizon_is_longer(
+    catalog: Catalog, one_node_plan: Plan
+) -> None:
+    # The same 1 -> 4 node change that switches with the defaults (first test), but the job
+    # says its checkpoint storage does 1 MB/s. Adam checkpoints 12 B/param, written once and
+    # read once, plus 15 s teardown and 90 s pod start (RestartCostModel defaults).
+    model = catalog.model("OPT-350M")
+    restart = 2 * model.total_parameters() * 12 / 1e6 + 15 + 90  # ~9882 s
+    slow = job(SPEC | {"replan": {"checkpointBandwidthBytesPerSecond": 1_000_000}})
+    kept = decide(inputs(one_node_plan, cluster(4), slow), context(catalog, slow), CAPACITY_ADDED)
+    assert isinstance(kept, Keep), kept
+    evaluation = kept.evaluation
+    assert evaluation is not None
+    assert evaluation.restart_seconds == pytest.approx(restart)
+    # 100k steps of 32 samples outlast even a day at ~15 samples/s, so the horizon H caps the
+    # work judged, and a gain g saves H * g / (1 + g) seconds. The default 6 h cannot repay
+    # ~9882 s when g < 0.84, a 24 h horizon can when g > 0.13; the planner's gain must lie
+    # between for this case to be the marginal one it claims.
+    gain = evaluation.gain_fraction
+    assert 0.13 < gain < 0.84, f"gain {gain:.2f} leaves the marginal window; pick new numbers"
+    assert evaluation.benefit == pytest.approx(6 * 3600 * gain / (1 + gain))
+    assert evaluation.benefit < evaluation.restart_penalty
+    day = job(
+        SPEC | {"replan": {"checkpointBandwidthBytesPerSecond": 1_000_000, "horizonSeconds": 86400}}
+    )
+    switched = decide(inputs(one_node_plan, cluster(4), day), context(catalog, day), CAPACITY_ADDED)
+    assert isinstance(switched, Switch), switched
+    assert switched.evaluation is not None
+    assert switched.evaluation.benefit == pytest.approx(86400 * gain / (1 + gain))
+    assert switched.evaluation.benefit > restart

@@ -19,7 +19,13 @@ from sailplan.operator.reconcile.children import desired_children
 from sailplan.operator.reconcile.nodes import NodeInfo
 from sailplan.operator.replan import machine as m
 from sailplan.operator.replan import triggers as t
-from sailplan.operator.replan.decision import ReplanContext, ReplanInputs, plan_request
+from sailplan.operator.replan.decision import (
+    ReplanConfig,
+    ReplanContext,
+    ReplanInputs,
+    effective_config,
+    plan_request,
+)
 from sailplan.operator.replan.state import (
     FailureBudget,
     ReplanState,
@@ -110,15 +116,20 @@ def running_state(job: TrainingJob, plan: Plan, **update: Any) -> ReplanState:
 
 
 def replay(
-    state: ReplanState, inputs: ReplanInputs, now: datetime
+    state: ReplanState, inputs: ReplanInputs, now: datetime, context: ReplanContext = CONTEXT
 ) -> tuple[ReplanState, tuple[m.Action, ...]]:
     """One pass, checked for determinism across an operator restart: the state is written
     out and read back (as a new process would), the same inputs fed twice, same result."""
-    first = m.next_state(state, inputs, now, CONTEXT)
+    first = m.next_state(state, inputs, now, context)
     restored = from_annotation(to_annotation(state))
     assert restored == state
-    assert m.next_state(restored, inputs, now, CONTEXT) == first
+    assert m.next_state(restored, inputs, now, context) == first
     return first
+
+
+def job_context(job: TrainingJob) -> ReplanContext:
+    """The operator's default settings with the job's overrides, as the reconcile builds it."""
+    return dataclasses.replace(CONTEXT, config=effective_config(ReplanConfig(), job))
 
 
 def kinds(actions: tuple[m.Action, ...]) -> list[str]:
@@ -174,18 +185,23 @@ def test_voluntary_switch_drains_then_switches(plan1: Plan) -> None:
     assert create.plan.world_size > plan1.world_size
 
 
-def test_drain_ends_on_a_new_checkpoint_or_the_timeout(plan1: Plan) -> None:
-    job = make_job()
-    state = running_state(job, plan1).model_copy(
+def draining_state(job: TrainingJob, plan: Plan) -> ReplanState:
+    """A switch to generation 2 waiting since NOW for a checkpoint newer than step 100."""
+    return running_state(job, plan).model_copy(
         update={
             "phase": "Draining",
             "target_generation": 2,
             "target_attempt": 0,
-            "target_plan": plan1.to_json(),
+            "target_plan": plan.to_json(),
             "since": NOW,
             "drain_checkpoint_step": 100,
         }
     )
+
+
+def test_drain_ends_on_a_new_checkpoint_or_the_timeout(plan1: Plan) -> None:
+    job = make_job()
+    state = draining_state(job, plan1)
     progress = '{"step": 120, "last_checkpoint_step": 120, "plan_generation": 1}'
     old = pods(job, plan1, 1)
     old[0]["metadata"]["annotations"] |= {PROGRESS_ANNOTATION: progress}
@@ -284,6 +300,35 @@ def test_backoff_doubles_up_to_the_cap(plan1: Plan) -> None:
         assert after.not_before is not None
         delays.append((after.not_before - NOW).total_seconds())
     assert delays == [10, 20, 40, 600]
+
+
+def test_the_jobs_drain_timeout_ends_the_drain_earlier(plan1: Plan) -> None:
+    # Same stuck drain as above (no new checkpoint, the worker still runs), but the job allows
+    # only 60 s: at 60 s it switches, where the operator default (300 s) still waits.
+    job = make_job(replan={"drainTimeoutSeconds": 60})
+    state = draining_state(job, plan1)
+    stuck = observe(job, plan1, pods(job, plan1, 1), nodes(1), [gpupool(1, 0)])
+    context = job_context(job)
+    assert replay(state, stuck, NOW + timedelta(seconds=59), context)[0].phase == "Draining"
+    assert replay(state, stuck, NOW + timedelta(seconds=60), context)[0].phase == "Switching"
+    assert replay(state, stuck, NOW + timedelta(seconds=60))[0].phase == "Draining"
+
+
+def test_backoff_doubles_from_the_jobs_base_up_to_its_cap(plan1: Plan) -> None:
+    # backoffSeconds 30, maxBackoffSeconds 100: restarts 1, 2, 3, 4 wait 30, 60, then
+    # min(100, 120) and min(100, 240); the operator defaults would give 10, 20, 40, 80.
+    job = make_job(failure={"maxRestarts": 10, "backoffSeconds": 30, "maxBackoffSeconds": 100})
+    context = job_context(job)
+    delays = []
+    for restarts in (0, 1, 2, 3):
+        state = running_state(job, plan1).model_copy(
+            update={"failures": FailureBudget(restarts=restarts)}
+        )
+        failed = observe(job, plan1, pods(job, plan1, 1, **FAILED), nodes(1), [gpupool(1, 0)])
+        after, _ = replay(state, failed, NOW, context)
+        assert after.not_before is not None
+        delays.append((after.not_before - NOW).total_seconds())
+    assert delays == [30, 60, 100, 100]
 
 
 def test_lost_status_write_replays_the_same_work(plan1: Plan) -> None:
