@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,7 +30,6 @@ from kubernetes import client
 from rich.console import Console
 from rich.table import Table
 
-from sailplan.operator.api import crd
 from sailplan.operator.api.common import GROUP, VERSION
 from sailplan.operator.api.trainingjob import TrainingJob
 from sailplan.operator.apply import apply
@@ -40,6 +38,12 @@ from sailplan.operator.localcluster.nodes import NodeFile, generate_node_file
 from sailplan.operator.reconcile.children import render_configmap
 from sailplan.planner.catalog import default_catalog
 from sailplan.planner.plan import Plan, Replica, Stage
+
+# The tests' operator subprocess and wait loop, so the benchmark runs the operator as they do.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from operator_process import OperatorProcess, install_crds
+from waiting import poll
 
 NAMESPACE = "bench"
 JOB = "scale"
@@ -100,10 +104,15 @@ def warm_apply(
     custom = client.CustomObjectsApi(api)
     custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "trainingjobs", JOB)
     deadline = time.monotonic() + timeout
-    while core.list_namespaced_pod(NAMESPACE, label_selector="sailplan.dev/role=worker").items:
-        if time.monotonic() > deadline:
-            return {}
-        time.sleep(0.5)
+    freed = poll(
+        lambda: (
+            not core.list_namespaced_pod(NAMESPACE, label_selector="sailplan.dev/role=worker").items
+        ),
+        timeout,
+        interval_s=0.5,
+    )
+    if not freed:
+        return {}
     name = f"{JOB}-warm"
     seed = TrainingJob.model_validate(
         {"name": name, "namespace": NAMESPACE, "uid": "", "spec": body["spec"]}
@@ -115,12 +124,14 @@ def warm_apply(
     t0 = time.monotonic()
     custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "trainingjobs", warm)
     selector = f"sailplan.dev/job={name},sailplan.dev/role=worker"
-    while time.monotonic() < deadline:
+
+    def all_running() -> bool:
         pods = core.list_namespaced_pod(NAMESPACE, label_selector=selector).items
-        if len(pods) >= len(plan.workers()) and all(p.status.phase == "Running" for p in pods):
-            return {"warm": time.monotonic() - t0}
-        time.sleep(0.1)
-    return {}
+        return len(pods) >= len(plan.workers()) and all(p.status.phase == "Running" for p in pods)
+
+    if not poll(all_running, deadline - time.monotonic()):
+        return {}
+    return {"warm": time.monotonic() - t0}
 
 
 def cpu_and_peak_rss(pid: int) -> tuple[float, float]:
@@ -152,10 +163,11 @@ def main() -> None:
     api = cluster.api
     core = client.CoreV1Api(api)
     custom = client.CustomObjectsApi(api)
-    operator: subprocess.Popen[bytes] | None = None
+    log = Path("/tmp/sailplan-operator-scale.log")
+    log.unlink(missing_ok=True)  # the operator appends; one run's log per file
+    operator = OperatorProcess(str(cluster.kubeconfig), NAMESPACE, log)
     try:
-        apply(api, crd.all_crds())
-        time.sleep(2)  # CRDs established
+        install_crds(api)
         plan, pools = build_plan(node_file, args.workers)
         apply(
             api,
@@ -180,6 +192,8 @@ def main() -> None:
                 "pools": {"names": pools},
                 "trainer": {"image": "sailplan-trainer:bench"},
                 "checkpoint": {"storage": {"uri": "gs://bench/scale"}},
+                # The plan is supplied: this measures pods, not profiling (kwok runs nothing).
+                "profiling": {"mode": "Skip"},
             },
         }
         created = custom.create_namespaced_custom_object(
@@ -196,30 +210,8 @@ def main() -> None:
             )
             core.create_namespaced_config_map(NAMESPACE, render_configmap(job, plan, 1))
 
-        log = Path("/tmp/sailplan-operator-scale.log")
         t0 = time.monotonic()
-        with log.open("wb") as out:
-            operator = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "sailplan.operator",
-                    "operator",
-                    "run",
-                    "--kubeconfig",
-                    str(cluster.kubeconfig),
-                    "--namespace",
-                    NAMESPACE,
-                    "--profile-namespace",
-                    NAMESPACE,
-                    "--metrics-port",
-                    "0",
-                    "--health-port",
-                    "0",
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
+        operator.start()
         marks: dict[str, float] = {}
         expected = args.workers
         while time.monotonic() - t0 < args.timeout:
@@ -256,7 +248,8 @@ def main() -> None:
                 break
             time.sleep(0.2)
         marks |= warm_apply(api, plan, pools, body, args.timeout)
-        cpu, peak = cpu_and_peak_rss(operator.pid)
+        assert operator.process is not None
+        cpu, peak = cpu_and_peak_rss(operator.process.pid)
         _report(
             console,
             args,
@@ -267,9 +260,7 @@ def main() -> None:
             pools=len(pools),
         )
     finally:
-        if operator is not None and operator.poll() is None:
-            operator.terminate()
-            operator.wait(timeout=15)
+        operator.stop()
         if not args.keep_cluster:
             cluster.down()
 

@@ -37,21 +37,14 @@ from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+# The e2e tests' harness and the helpers it imports, as pytest's `pythonpath` gives them.
+for helpers in ("tests", "tests/trainer", "tests/e2e"):
+    sys.path.insert(0, str(ROOT / helpers))
 
-from replan_harness import (  # noqa: E402 - the e2e tests' harness
-    A100,
-    INTERVAL,
-    V100,
-    Cluster,
-    OperatorProcess,
-    events_of,
-    wait_for,
-)
-
-from sailplan.operator.api import crd  # noqa: E402
-from sailplan.operator.apply import apply  # noqa: E402
-from sailplan.operator.localcluster.podrunner import PodRunner  # noqa: E402
+from operator_process import install_crds  # noqa: E402
+from replan_harness import A100, INTERVAL, V100, Cluster, replan_cluster  # noqa: E402
+from runner_harness import events_of, pod_runner  # noqa: E402
+from waiting import wait_for  # noqa: E402
 
 
 def _all_running(cluster: Cluster, generation: int) -> bool:
@@ -67,51 +60,44 @@ def one_run(api: Any, kubeconfig: str, scenario: str, workdir: Path) -> dict[str
     namespace = f"replan-bench-{uuid.uuid4().hex[:6]}"
     core = client.CoreV1Api(api)
     core.create_namespace({"metadata": {"name": namespace}})
-    runner = PodRunner(
-        api,
-        workdir / namespace,
-        env={"SAILPLAN_COLLECTIVE_TIMEOUT_S": "60", "OMP_NUM_THREADS": "1"},
-    )
-    cluster = Cluster(api, namespace, runner)
-    cluster.operator = OperatorProcess(kubeconfig, namespace, workdir / f"{namespace}.log")
-    cluster.operator.start()
     try:
-        cluster.gpupool(A100)
-        cluster.gpupool(V100)
-        if scenario == "preempt":
-            cluster.add_node(A100)
-        cluster.add_node(V100)
-        cluster.create_job(cluster.job_spec())
-        first, log = cluster.rank0(1)
-        cluster.wait_checkpoint(log, INTERVAL)
-        started = time.monotonic()
-        if scenario == "preempt":
-            cluster.runner.preempt_node(first.spec.node_name, grace_s=5.0)
-        else:
-            cluster.add_node(A100)
-        wait_for("generation 2 pods", lambda: cluster.pods(2), 60, cluster.explain)
-        created = time.monotonic() - started
-        wait_for("generation 2 Running", lambda: _all_running(cluster, 2), 60, cluster.explain)
-        running_at = time.monotonic()
-        _, new_log = cluster.rank0(2)
-        wait_for("generation 2 first step", lambda: _first_step(new_log), 60, cluster.explain)
-        stepped_at = time.monotonic()
-        return {
-            "created": created,
-            "running": running_at - started,
-            "first_step": stepped_at - running_at,
-        }
+        with (
+            pod_runner(api, workdir / namespace) as runner,
+            replan_cluster(
+                api, kubeconfig, namespace, runner, workdir / f"{namespace}.log"
+            ) as cluster,
+        ):
+            return _measure(cluster, scenario)
     finally:
-        cluster.operator.stop()
         core.delete_namespace(namespace)
-        left = runner.nodes()
-        runner.close(grace_s=2.0)
-        for name in left:
-            core.delete_node(name)
-        for name in cluster.gpupools:
-            cluster.custom.delete_cluster_custom_object(
-                "sailplan.dev", "v1alpha1", "gpupools", name
-            )
+
+
+def _measure(cluster: Cluster, scenario: str) -> dict[str, float]:
+    cluster.gpupool(A100)
+    cluster.gpupool(V100)
+    if scenario == "preempt":
+        cluster.add_node(A100)
+    cluster.add_node(V100)
+    cluster.create_job(cluster.job_spec())
+    first, log = cluster.rank0(1)
+    cluster.wait_checkpoint(log, INTERVAL)
+    started = time.monotonic()
+    if scenario == "preempt":
+        cluster.runner.preempt_node(first.spec.node_name, grace_s=5.0)
+    else:
+        cluster.add_node(A100)
+    wait_for("generation 2 pods", lambda: cluster.pods(2), 60, cluster.explain)
+    created = time.monotonic() - started
+    wait_for("generation 2 Running", lambda: _all_running(cluster, 2), 60, cluster.explain)
+    running_at = time.monotonic()
+    _, new_log = cluster.rank0(2)
+    wait_for("generation 2 first step", lambda: _first_step(new_log), 60, cluster.explain)
+    stepped_at = time.monotonic()
+    return {
+        "created": created,
+        "running": running_at - started,
+        "first_step": stepped_at - running_at,
+    }
 
 
 def main() -> None:
@@ -128,8 +114,7 @@ def main() -> None:
         else LocalCluster.up(name="replanbench", log=console.print)
     )
     api = cluster.api
-    apply(api, crd.all_crds())
-    time.sleep(2)  # CRDs established
+    install_crds(api)
     results: dict[str, list[dict[str, float]]] = {"preempt": [], "switch": []}
     with tempfile.TemporaryDirectory(prefix="replan-bench-") as tmp:
         for scenario, runs in results.items():

@@ -42,6 +42,16 @@ class DemoError(RuntimeError):
     """Something the user can fix (no cluster, no examples); one line."""
 
 
+def for_fake_nodes(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The examples with profiling off: kwok's nodes run no containers, so a profiling Job
+    there would "succeed" without measuring anything (tests/e2e/test_profiling_jobs.py runs
+    profiling on nodes whose pods really run)."""
+    for document in documents:
+        if document.get("kind") == "TrainingJob":
+            document.setdefault("spec", {})["profiling"] = {"mode": "Skip"}
+    return documents
+
+
 def _kubeconfig(explicit: Path | None) -> Path:
     if explicit is not None:
         if not explicit.exists():
@@ -184,7 +194,7 @@ def run_demo(
     operator = _start_operator(path, log_path)
     console.print(f"operator started (pid {operator.pid}, log {log_path})")
     try:
-        applied = apply(api, load_documents(EXAMPLES.glob("*.yaml")))
+        applied = apply(api, for_fake_nodes(load_documents(EXAMPLES.glob("*.yaml"))))
         console.print("applied examples: " + ", ".join(applied))
         started = time.monotonic()
         job = _wait_settled(api, timeout_s, operator, log_path)

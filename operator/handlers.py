@@ -42,9 +42,14 @@ from sailplan.operator.api.trainingjob import TrainingJob, TrainingJobStatus
 from sailplan.operator.kube import Kube
 from sailplan.operator.planning import planner_for
 from sailplan.operator.profilestore import parse_profile_configmaps
+from sailplan.operator.profiling import results
+from sailplan.operator.profiling.jobs import REPORT_CONTAINER, ROLE_PROFILER
+from sailplan.operator.profiling.status import RESULT_ERROR_ANNOTATION, observed_job
+from sailplan.operator.profiling.step import Collect
 from sailplan.operator.reconcile import naming
 from sailplan.operator.reconcile.gpupool import pool_status
 from sailplan.operator.reconcile.nodes import NodeInfo, node_info, pod_gpu_request, requested_gpus
+from sailplan.operator.reconcile.summary import KubeEvent
 from sailplan.operator.reconcile.trainingjob import (
     Observed,
     Outcome,
@@ -274,6 +279,7 @@ class Runtime:
             return
 
         pods, plans, service = await asyncio.to_thread(self.kube.list_job_children, namespace, name)
+        profiling_jobs = await asyncio.to_thread(self.kube.list_profiling_jobs, namespace, name)
         observed_plans = tuple(p for p in (observed_plan(cm) for cm in plans) if p is not None)
         # Always read: newly measured profiles are a reason to replan (policy Auto).
         configmaps = await asyncio.to_thread(
@@ -296,6 +302,9 @@ class Runtime:
             service_exists=service,
             measured=measured,
             nodes=await self._nodes(),
+            profiling_jobs=tuple(
+                j for j in (observed_job(b) for b in profiling_jobs) if j is not None
+            ),
         )
         outcome = await asyncio.to_thread(
             reconcile, observed, self.plan, self.config.catalog, now, self.config.replan
@@ -308,6 +317,8 @@ class Runtime:
             outcome=outcome,
             now=now,
         )
+        if outcome.collect:
+            await self._collect(namespace, name, job.uid, outcome.collect, now)
         workers = outcome.status.workers
         self.pod_phases[key] = {
             "Pending": workers.pending,
@@ -316,6 +327,84 @@ class Runtime:
             "Failed": workers.failed,
         }
         metrics.publish_pod_phases(self.pod_phases.values())
+
+    async def _record(
+        self, namespace: str, name: str, uid: str, event: KubeEvent, now: datetime
+    ) -> None:
+        """A decision, as a log line and as a Kubernetes Event on the TrainingJob."""
+        log.info(
+            event.message,
+            extra={
+                "namespace": namespace,
+                "trainingjob": name,
+                "event": event.reason,
+                "type": event.type,
+            },
+        )
+        await asyncio.to_thread(
+            functools.partial(
+                self.kube.post_event,
+                namespace=namespace,
+                job=name,
+                uid=uid,
+                type_=event.type,
+                reason=event.reason,
+                message=event.message,
+                now=now,
+            )
+        )
+
+    async def _collect(
+        self, namespace: str, name: str, uid: str, collect: tuple[Collect, ...], now: datetime
+    ) -> None:
+        """Results of succeeded profiling Jobs into the profile store. A result that cannot
+        be read marks its Jobs (annotation), which the next pass reports as a failed need;
+        a stored one wakes every job, since any of them may be waiting for it."""
+        stored = []
+        for item in collect:
+            problem = ""
+            try:
+                text = await asyncio.to_thread(
+                    self.kube.succeeded_pod_log, namespace, dict(item.pod_labels), REPORT_CONTAINER
+                )
+                if text is None:
+                    problem = "the Job's result pod is gone (deleted or past the Job's TTL)"
+                else:
+                    configmap = results.collect(
+                        text, item.need, self.config.profile_namespace, f"{namespace}/{name}"
+                    )
+                    if await asyncio.to_thread(self.kube.create, configmap):
+                        stored.append((item.need.key, configmap["metadata"]["name"]))
+                    else:
+                        problem = (
+                            f"profile store ConfigMap {configmap['metadata']['name']} exists "
+                            "but does not hold this profile; delete it to store the new one"
+                        )
+            except results.ProfilingResultError as error:
+                problem = str(error)
+            except ApiException as error:
+                # Logs come through the node's kubelet: a node that cannot serve them will
+                # not start to; the message says which call failed.
+                problem = f"reading the result log failed: {error.status} {error.reason}"
+            if problem:
+                log.warning(
+                    "profiling result unreadable",
+                    extra={"namespace": namespace, "trainingjob": name, "problem": problem},
+                )
+                for job_name in item.jobs:
+                    await asyncio.to_thread(
+                        self.kube.annotate_batch_job,
+                        namespace,
+                        job_name,
+                        {RESULT_ERROR_ANNOTATION: problem[:1000]},
+                    )
+        for key, configmap_name in stored:
+            message = f"stored measured profiles {key} in ConfigMap {configmap_name}"
+            event = KubeEvent("Normal", "ProfilesStored", message)
+            await self._record(namespace, name, uid, event, now)
+        if stored and self.queue is not None:
+            for other in sorted(self.jobs):
+                self.queue.enqueue(other)
 
     async def _nodes(self) -> dict[str, NodeInfo]:
         """Every node by name: from the index once Kopf has filled it, else listed (a job
@@ -364,27 +453,7 @@ class Runtime:
         if patch:
             await asyncio.to_thread(self.kube.patch_job_status, namespace, name, patch)
         for event in outcome.events:
-            log.info(
-                event.message,
-                extra={
-                    "namespace": namespace,
-                    "trainingjob": name,
-                    "event": event.reason,
-                    "type": event.type,
-                },
-            )
-            await asyncio.to_thread(
-                functools.partial(
-                    self.kube.post_event,
-                    namespace=namespace,
-                    job=name,
-                    uid=uid,
-                    type_=event.type,
-                    reason=event.reason,
-                    message=event.message,
-                    now=now,
-                )
-            )
+            await self._record(namespace, name, uid, event, now)
         if outcome.requeue_after is not None and self.queue is not None:
             asyncio.get_running_loop().call_later(
                 outcome.requeue_after, self.queue.enqueue, (namespace, name)
@@ -517,6 +586,18 @@ def build_registry(config: OperatorConfig, api_client: client.ApiClient) -> kopf
         runtime.jobs.add(key)
         if runtime.queue is not None:
             runtime.queue.enqueue(key)
+
+    @kopf.on.event(
+        "batch",
+        "jobs",
+        id="profiling-job-changed",
+        registry=registry,
+        labels={naming.LABEL_JOB: kopf.PRESENT, naming.LABEL_ROLE: ROLE_PROFILER},
+        when=lambda namespace, **_: _serves(config, namespace),
+    )
+    async def profiling_job_changed(labels: kopf.Labels, namespace: str | None, **_: Any) -> None:
+        if runtime.queue is not None:
+            runtime.queue.enqueue((namespace or "", labels[naming.LABEL_JOB]))
 
     @kopf.on.event(
         "pods",

@@ -9,7 +9,7 @@ is both what the pure reconcile functions take and much faster for hundreds of i
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, cast
 
@@ -20,6 +20,7 @@ from sailplan.operator.api.common import GROUP, VERSION
 from sailplan.operator.api.gpupool import PLURAL as POOLS
 from sailplan.operator.api.trainingjob import KIND as JOB_KIND
 from sailplan.operator.api.trainingjob import PLURAL as JOBS
+from sailplan.operator.profiling.jobs import ROLE_PROFILER
 from sailplan.operator.reconcile import naming
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -30,6 +31,7 @@ class Kube:
     def __init__(self, api_client: client.ApiClient) -> None:
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
+        self.batch = client.BatchV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
 
     @staticmethod
@@ -84,6 +86,38 @@ class Kube:
             service = False
         return pods, plans, service
 
+    def list_profiling_jobs(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        """The batch/v1 Jobs measuring profiles for one TrainingJob."""
+        selector = f"{naming.LABEL_JOB}={job},{naming.LABEL_ROLE}={ROLE_PROFILER}"
+        items: list[dict[str, Any]] = self._json(
+            self.batch.list_namespaced_job(
+                namespace, label_selector=selector, _preload_content=False
+            )
+        ).get("items", [])
+        return items
+
+    def succeeded_pod_log(
+        self, namespace: str, labels: Mapping[str, str], container: str
+    ) -> str | None:
+        """The log of `container` in the newest Succeeded pod with `labels`; None if no such
+        pod exists (a Job's pods may be gone after its TTL)."""
+        selector = ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+        pods = self._json(
+            self.core.list_namespaced_pod(
+                namespace, label_selector=selector, _preload_content=False
+            )
+        ).get("items", [])
+        done = sorted(
+            (p for p in pods if (p.get("status") or {}).get("phase") == "Succeeded"),
+            key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]),
+        )
+        if not done:
+            return None
+        text: str = self.core.read_namespaced_pod_log(
+            done[-1]["metadata"]["name"], namespace, container=container
+        )
+        return text
+
     def list_nodes(self) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = self._json(self.core.list_node(_preload_content=False)).get(
             "items", []
@@ -104,12 +138,13 @@ class Kube:
 
     # -- writes ---------------------------------------------------------------------------
     def create(self, obj: dict[str, Any]) -> bool:
-        """Create a namespaced ConfigMap, Service or Pod; False if it already existed."""
+        """Create a namespaced ConfigMap, Service, Pod or Job; False if it already existed."""
         namespace = obj["metadata"]["namespace"]
         creators: dict[str, Callable[..., Any]] = {
             "ConfigMap": self.core.create_namespaced_config_map,
             "Service": self.core.create_namespaced_service,
             "Pod": self.core.create_namespaced_pod,
+            "Job": self.batch.create_namespaced_job,
         }
         try:
             creators[obj["kind"]](namespace, obj)
@@ -139,6 +174,16 @@ class Kube:
         """Merge `annotations` into a pod's; a pod gone meanwhile is not an error."""
         try:
             self.core.patch_namespaced_pod(
+                name, namespace, {"metadata": {"annotations": annotations}}
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def annotate_batch_job(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        """Merge `annotations` into a batch/v1 Job's; a Job gone meanwhile is not an error."""
+        try:
+            self.batch.patch_namespaced_job(
                 name, namespace, {"metadata": {"annotations": annotations}}
             )
         except ApiException as error:

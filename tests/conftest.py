@@ -13,7 +13,9 @@ Backends (`--cluster=`):
 Fixtures: `kubeconfig` (path str), `k8s_api` (kubernetes.client.ApiClient), `namespace` (a
 fresh namespace per test, deleted after it), `local_cluster` (the LocalCluster, for adding,
 deleting, cordoning nodes; skipped on backends that cannot). Tests that change nodes must put
-them back (`local_cluster.reset_nodes()`), the cluster is shared by the session.
+them back (`local_cluster.reset_nodes()`), the cluster is shared by the session. For the
+operator's tests: `crds` (installed once per session) and `gpupools` (a factory of GPUPools
+with unique names, deleted after the test).
 
 The binaries are built, when missing, after collection and only if a collected test is marked
 `cluster`: outside any test, so pytest-timeout does not cut a first 20-minute build short.
@@ -26,12 +28,16 @@ import re
 import shutil
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
+from operator_process import install_crds
+
+from sailplan.operator.api.common import GROUP, VERSION
 
 BACKENDS = ("local", "kind", "existing")
 
@@ -198,3 +204,38 @@ def namespace(k8s_api: Any) -> Iterator[str]:
     finally:
         # Not waited for: the namespace controller finishes the deletion in the background.
         core.delete_namespace(name, propagation_policy="Background")
+
+
+# -- objects of the operator's tests -------------------------------------------------------
+@pytest.fixture(scope="session")
+def crds(k8s_api: Any) -> None:
+    """The CRDs generated from the pydantic models, installed and established."""
+    install_crds(k8s_api)
+
+
+@pytest.fixture
+def gpupools(k8s_api: Any, crds: None) -> Iterator[Callable[..., str]]:
+    """Create GPUPools with unique names (cluster-scoped: shared by the session), deleted
+    after the test."""
+    custom = client.CustomObjectsApi(k8s_api)
+    created: list[str] = []
+
+    def make(node_pool: str, **spec: Any) -> str:
+        name = f"{node_pool}-{uuid.uuid4().hex[:6]}"
+        custom.create_cluster_custom_object(
+            GROUP,
+            VERSION,
+            "gpupools",
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "GPUPool",
+                "metadata": {"name": name},
+                "spec": {"nodePool": node_pool, **spec},
+            },
+        )
+        created.append(name)
+        return name
+
+    yield make
+    for name in created:
+        custom.delete_cluster_custom_object(GROUP, VERSION, "gpupools", name)

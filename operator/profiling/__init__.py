@@ -7,18 +7,12 @@
 - status: pending/running/done/failed per need, and the Profiling condition
 - importing: a profile directory as store ConfigMaps (`sailplan profiles import`)
 
-How to call this from the TrainingJob reconcile (before planning):
+- step: what one TrainingJob reconcile pass does about all of the above (pure)
 
-    selected = snapshot.select_pools(job.spec.pools, observed.pools)
-    needs = needs.missing_profiles(model, job.spec.training.global_batch_size,
-                                   snapshot.build_snapshot(selected), observed.measured)
-    decision = needs.profiling_decision(job.spec.profiling.mode, needs)
-    create += jobs.render_profiling_objects(job, decision.launch, {p.name: p for p in selected})
-    progress = status.profiling_status(needs, [observed_job(j) for j in profiling_job_bodies])
-    conditions.append(progress.condition(job.generation))
-    for key in progress.done:   # the handler: read the result pod's `report` log, then
-        create_in_store(results.collect(log, need, profile_namespace, f"{ns}/{job_name}"))
-    if not decision.may_plan: stay Pending with decision.message
+The TrainingJob reconcile calls step.profiling_step on every pass and merges what it returns
+(Jobs to create, the Profiling condition, Events; under policy Auto the nodes to keep free
+of workers); the Kopf handler collects the results of finished needs (the `report` log
+through pods/log, then a store ConfigMap via results.collect) and marks unreadable ones.
 
 No imports here: `report` runs inside the trainer image and must stay light.
 """

@@ -13,15 +13,20 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sailplan.operator.api.common import Condition
+from sailplan.operator.api.common import GROUP, Condition
 from sailplan.operator.profiling.jobs import LABEL_NEED, LABEL_RANK
 from sailplan.operator.profiling.needs import ComputeNeed, Need, need_id
+from sailplan.operator.reconcile.children import controller_uid
 
 COND_PROFILING: Final = "Profiling"
 REASON_PROFILING: Final = "ProfilingRunning"
 REASON_PROFILING_FAILED: Final = "ProfilingFailed"
 REASON_PROFILES_COLLECTED: Final = "ProfilesReady"
 REASON_PROFILING_PENDING: Final = "ProfilingPending"
+REASON_RESULT_UNREADABLE: Final = "ResultUnreadable"
+# Set by the operator on a succeeded profiling Job whose log held no usable result: the
+# Job counts as failed from then on (level-triggered: survives an operator restart).
+RESULT_ERROR_ANNOTATION: Final = f"{GROUP}/profile-result-error"
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,7 @@ class ObservedJob:
     failed: bool = False
     reason: str = ""
     message: str = ""
+    owner_uid: str = ""  # the controlling TrainingJob's uid
 
 
 def observed_job(body: Mapping[str, Any]) -> ObservedJob | None:
@@ -48,14 +54,18 @@ def observed_job(body: Mapping[str, Any]) -> ObservedJob | None:
         if c.get("status") == "True"
     }
     failed = conditions.get("Failed")
+    unreadable = (metadata.get("annotations") or {}).get(RESULT_ERROR_ANNOTATION)
+    if failed is None and unreadable:
+        failed = {"reason": REASON_RESULT_UNREADABLE, "message": unreadable}
     return ObservedJob(
         name=str(metadata.get("name", "")),
         need=str(found[LABEL_NEED]),
         rank=int(rank) if rank is not None and str(rank).isdigit() else None,
-        complete="Complete" in conditions,
+        complete="Complete" in conditions and failed is None,
         failed=failed is not None,
         reason=str((failed or {}).get("reason") or ""),
         message=str((failed or {}).get("message") or ""),
+        owner_uid=controller_uid(metadata),
     )
 
 

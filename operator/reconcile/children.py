@@ -62,6 +62,14 @@ def owner_reference(job: TrainingJob) -> dict[str, Any]:
     }
 
 
+def controller_uid(metadata: Mapping[str, Any]) -> str:
+    """The uid in an object's controlling ownerReference (owner_reference's inverse); ''."""
+    for reference in metadata.get("ownerReferences") or ():
+        if reference.get("controller"):
+            return str(reference.get("uid", ""))
+    return ""
+
+
 def _metadata(job: TrainingJob, name: str, labels: dict[str, str]) -> dict[str, Any]:
     return {
         "name": name,

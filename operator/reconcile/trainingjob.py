@@ -34,8 +34,10 @@ from sailplan.operator.api.trainingjob import (
     TrainingJobStatus,
     WorkerCounts,
 )
+from sailplan.operator.profiling.status import COND_PROFILING, ObservedJob
+from sailplan.operator.profiling.step import Collect, ProfilingStep, profiling_step, reserve
 from sailplan.operator.reconcile import naming
-from sailplan.operator.reconcile.children import RenderError, desired_children
+from sailplan.operator.reconcile.children import RenderError, controller_uid, desired_children
 from sailplan.operator.reconcile.nodes import NodeInfo
 from sailplan.operator.reconcile.snapshot import PoolSelectionError, select_pools
 from sailplan.operator.reconcile.summary import KubeEvent, summarize
@@ -44,6 +46,7 @@ from sailplan.operator.replan.decision import (
     ReplanConfig,
     ReplanContext,
     ReplanInputs,
+    effective_config,
     plan_request,
 )
 from sailplan.operator.replan.state import (
@@ -119,13 +122,7 @@ class Observed:
     measured: ProfileSet = field(default_factory=ProfileSet)
     # Every node by name; a worker whose node is missing here is on a node that is gone.
     nodes: Mapping[str, NodeInfo] = field(default_factory=dict)
-
-
-def _controller_uid(metadata: Mapping[str, Any]) -> str:
-    for reference in metadata.get("ownerReferences") or ():
-        if reference.get("controller"):
-            return str(reference.get("uid", ""))
-    return ""
+    profiling_jobs: tuple[ObservedJob, ...] = ()
 
 
 def observed_pod(body: Mapping[str, Any]) -> ObservedPod | None:
@@ -133,7 +130,7 @@ def observed_pod(body: Mapping[str, Any]) -> ObservedPod | None:
     worker = triggers.pod_facts(body)
     if worker is None:
         return None
-    return ObservedPod(worker=worker, owner_uid=_controller_uid(body.get("metadata") or {}))
+    return ObservedPod(worker=worker, owner_uid=controller_uid(body.get("metadata") or {}))
 
 
 def observed_plan(body: Mapping[str, Any]) -> ObservedPlan | None:
@@ -148,7 +145,7 @@ def observed_plan(body: Mapping[str, Any]) -> ObservedPlan | None:
         name=str(metadata.get("name", "")),
         generation=generation,
         plan=plan,
-        owner_uid=_controller_uid(metadata),
+        owner_uid=controller_uid(metadata),
     )
 
 
@@ -164,6 +161,8 @@ class Outcome:
     annotate_pods: tuple[tuple[str, dict[str, str]], ...] = ()
     # Run the next pass after this many seconds even if nothing changes (backoff, drain).
     requeue_after: float | None = None
+    # Profiling needs whose Jobs succeeded: the handler reads their results into the store.
+    collect: tuple[Collect, ...] = ()
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -332,20 +331,63 @@ def reconcile(
     # Generations of stale plans still count, so new names never collide with them.
     taken = tuple(p.generation for p in observed.plans)
     observed = _mine(observed)
+    profiling = _profiling(observed, model, status)
     if not observed.plans and status.replan is None:
-        return _plan(observed, model, status, planner, now, taken=taken)
-    if status.replan is not None and not observed.plans and not status.replan.target_plan:
+        outcome = _plan(observed, model, status, planner, now, taken=taken, profiling=profiling)
+    elif status.replan is not None and not observed.plans and not status.replan.target_plan:
         # The plan ConfigMaps were deleted under a running job: start over from a new plan.
         status = status.model_copy(update={"replan": None})
-        return _plan(observed, model, status, planner, now, taken=taken)
-    return _run(
-        observed,
+        outcome = _plan(observed, model, status, planner, now, taken=taken, profiling=profiling)
+    else:
+        outcome = _run(
+            observed,
+            model,
+            status=status,
+            planner=planner,
+            catalog=catalog,
+            now=now,
+            config=effective_config(config or ReplanConfig(), job),
+        )
+    return _with_profiling(outcome, profiling, now)
+
+
+def _profiling(
+    observed: Observed, model: ModelSpec, status: TrainingJobStatus
+) -> ProfilingStep | None:
+    """The profiling side of this pass; None when the pools cannot be selected (the planning
+    side reports that)."""
+    try:
+        selected = select_pools(observed.job.spec.pools, observed.pools)
+    except PoolSelectionError:
+        return None
+    return profiling_step(
+        observed.job,
         model,
+        selected,
+        observed.measured,
+        jobs=observed.profiling_jobs,
+        previous=find_condition(status.conditions, COND_PROFILING),
+    )
+
+
+def _with_profiling(outcome: Outcome, profiling: ProfilingStep | None, now: datetime) -> Outcome:
+    """Profiling Jobs go first (the handler creates non-pods before pods anyway), and the
+    Profiling condition joins the one status write."""
+    if profiling is None or outcome.status.phase in (
+        api.PHASE_INVALID,
+        api.PHASE_SUCCEEDED,
+        api.PHASE_FAILED,
+    ):
+        return outcome
+    status = outcome.status
+    if profiling.condition is not None:
+        status = _with_conditions(status, [profiling.condition], now)
+    return replace(
+        outcome,
         status=status,
-        planner=planner,
-        catalog=catalog,
-        now=now,
-        config=config or ReplanConfig(),
+        create=profiling.create + outcome.create,
+        collect=profiling.collect,
+        events=outcome.events + profiling.events,
     )
 
 
@@ -362,6 +404,7 @@ def _mine(observed: Observed) -> Observed:
         observed,
         plans=tuple(p for p in observed.plans if ours(p.owner_uid)),
         pods=tuple(p for p in observed.pods if ours(p.owner_uid)),
+        profiling_jobs=tuple(j for j in observed.profiling_jobs if ours(j.owner_uid)),
     )
 
 
@@ -394,6 +437,7 @@ def _plan(
     now: datetime,
     *,
     taken: tuple[int, ...] = (),
+    profiling: ProfilingStep | None = None,
 ) -> Outcome:
     job = observed.job
     generation = job.generation
@@ -415,12 +459,26 @@ def _plan(
         return _unschedulable(
             observed, status, api.REASON_NO_POOLS, "no GPUPool matches spec.pools", now
         )
+    if profiling is not None and not profiling.decision.may_plan:
+        return _awaiting_profiles(observed, status, profiling, now)
     snapshot = triggers.capacity_snapshot(selected, (), observed.nodes)
     if not any(p.gpus for p in snapshot.pools):
         names = ", ".join(p.name for p in selected)
         return _unschedulable(
             observed, status, "NoCapacity", f"no free ready GPU nodes in GPUPools {names}", now
         )
+    if profiling is not None and profiling.reserved_nodes:
+        # Plan around the nodes profiling takes, or workers and profilers race for the same
+        # GPUs; the replan machine gives them back once profiling is done.
+        snapshot = reserve(snapshot, profiling.reserved_nodes)
+        if not any(p.gpus for p in snapshot.pools):
+            return _awaiting_profiles(
+                observed,
+                status,
+                profiling,
+                now,
+                why="profiling Jobs take every free GPU node; planning when one finishes",
+            )
 
     # An infeasible answer stands until the job or the cluster changes: the search is too
     # expensive to repeat on every resync.
@@ -526,6 +584,41 @@ def _plan(
         )
     ]
     return _finish(observed, status, create=create, extra_events=events, plan_result="planned")
+
+
+def _awaiting_profiles(
+    observed: Observed,
+    status: TrainingJobStatus,
+    profiling: ProfilingStep,
+    now: datetime,
+    why: str = "",
+) -> Outcome:
+    """No plan until profiling Jobs measured what is missing (policy Required), or until
+    they leave a node to plan on (policy Auto, `why` says so)."""
+    generation = observed.job.generation
+    reason = profiling.condition.reason if profiling.failed and profiling.condition else ""
+    status = _with_conditions(
+        status.model_copy(update={"phase": api.PHASE_PENDING}),
+        [
+            _condition(
+                api.COND_PROFILES_MEASURED,
+                False,
+                api.REASON_AWAITING_PROFILES,
+                profiling.decision.message,
+                generation,
+            ),
+            _condition(api.COND_UNSCHEDULABLE, False, api.REASON_SCHEDULABLE, "", generation),
+            _condition(
+                api.COND_PLANNED,
+                False,
+                reason or api.REASON_AWAITING_PROFILES,
+                why or profiling.waiting_message,
+                generation,
+            ),
+        ],
+        now,
+    )
+    return _finish(observed, status)
 
 
 def _bootstrap(

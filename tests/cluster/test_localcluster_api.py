@@ -22,6 +22,7 @@ import typer
 import yaml
 from kubernetes import client
 from typer.testing import CliRunner
+from waiting import wait_for
 
 from sailplan.operator.cli.cluster import register
 from sailplan.operator.localcluster import build, kwokctl
@@ -45,14 +46,7 @@ def _default_file() -> dict[str, Any]:
 
 
 def _eventually(check: Callable[[], Any], timeout_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout_s}s")
-        time.sleep(0.5)
+    return wait_for("the cluster to converge", check, timeout_s, interval_s=0.5)
 
 
 def _gpu_pod(name: str, gpus: int, match: dict[str, str], tolerate: bool = True) -> dict[str, Any]:

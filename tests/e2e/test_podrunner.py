@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from waiting import wait_for
 
 from sailplan.operator.localcluster.nodes import NODEPOOL_LABEL, NodePool, node_manifest
 from sailplan.operator.localcluster.podrunner import PodRunner, runner_node_manifest
@@ -72,14 +73,7 @@ def runner_node(runner: PodRunner) -> RunnerNode:
 
 
 def eventually(check: Callable[[], Any], timeout_s: float = 30.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s}s: {what or check}")
-        time.sleep(0.1)
+    return wait_for(what or str(check), check, timeout_s)
 
 
 class Pods:
@@ -574,6 +568,7 @@ import os, sys
 runs = "/out/runs"
 count = int(open(runs).read()) + 1 if os.path.exists(runs) else 1
 open(runs, "w").write(str(count))
+print(f"run {count}")
 sys.exit(0 if count > 1 else 5)
 """
 
@@ -596,6 +591,10 @@ def test_restart_policy_on_failure_restarts_the_container(
     assert status.restart_count == 1
     assert status.last_state.terminated.exit_code == 5
     assert (_out_dir(runner, namespace, "flaky") / "runs").read_text() == "2"
+    # Each run has its own log, as with the kubelet: `previous` is the failed first run's.
+    read = pods.core.read_namespaced_pod_log
+    assert read("flaky", namespace, container="main") == "run 2\n"
+    assert read("flaky", namespace, container="main", previous=True) == "run 1\n"
 
 
 # Listens on the metrics port the env names, as the trainer's Prometheus server does, and
@@ -656,13 +655,19 @@ def test_adopting_a_kwok_node_reports_its_fake_pods_lost_and_runs_new_ones(
 
         assert runner.adopt(f"{NODEPOOL_LABEL}={pool.name}") == [name]
 
+        # kwok's addresses and kubelet port are replaced by the runner's, so the API server
+        # dials this runner for the node's pod logs.
+        status = core.read_node(name).status
+        assert [(a.type, a.address) for a in status.addresses] == [("InternalIP", "127.0.0.1")]
+        assert status.daemon_endpoints.kubelet_endpoint.port == runner.kubelet_port
         faked = pods.wait_phase(namespace, "faked", ("Failed",))
         terminated = faked.status.container_statuses[0].state.terminated
         assert (terminated.reason, terminated.exit_code) == ("ContainerStatusUnknown", 137)
-        script = "import sys; sys.exit(4)"
+        script = "import sys; print('ran here'); sys.exit(4)"
         pods.create(namespace, pods.manifest("real", pool.name, ["python", "-c", script]))
         real = pods.wait_phase(namespace, "real", ("Succeeded", "Failed"))
         assert real.status.container_statuses[0].state.terminated.exit_code == 4
+        assert core.read_namespaced_pod_log("real", namespace) == "ran here\n"
     finally:
         if name not in runner.nodes():
             core.delete_node(name)

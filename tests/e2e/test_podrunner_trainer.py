@@ -12,63 +12,26 @@ logged steps 1..STEPS, and a complete checkpoint of the last step is in the clai
 
 from __future__ import annotations
 
-import json
-import socket
-import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
+from runner_harness import TINY, add_runner_node, events_of, worker_log_tails
+from trainer_harness import free_port
+from waiting import wait_for
 
 from sailplan.operator.api.gpupool import GPUPool
 from sailplan.operator.api.trainingjob import TrainingJob
-from sailplan.operator.localcluster.nodes import NodePool
-from sailplan.operator.localcluster.podrunner import PodRunner, runner_node_manifest
+from sailplan.operator.localcluster.podrunner import PodRunner
 from sailplan.operator.reconcile import naming
 from sailplan.operator.reconcile.children import desired_children
-from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.plan import Plan, Replica, Stage
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
 ZONE = "us-central1-a"
 STEPS = 4
-TINY = ModelSpec(
-    name="tiny-gpt",
-    family="opt",
-    hidden_size=32,
-    num_blocks=4,
-    num_heads=4,
-    vocab_size=64,
-    sequence_length=16,
-)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@pytest.fixture
-def runner(k8s_api: Any, tmp_path: Path) -> Iterator[PodRunner]:
-    pod_runner = PodRunner(
-        k8s_api,
-        tmp_path / "runner",
-        # Fail fast instead of the trainer's 10-minute collective timeout if wiring is wrong.
-        env={"SAILPLAN_COLLECTIVE_TIMEOUT_S": "60", "OMP_NUM_THREADS": "1"},
-    )
-    try:
-        yield pod_runner
-    finally:
-        left = pod_runner.nodes()
-        pod_runner.close(grace_s=2.0)
-        for name in left:
-            client.CoreV1Api(k8s_api).delete_node(name)
 
 
 def test_operator_rendered_workers_train_and_checkpoint(
@@ -76,18 +39,8 @@ def test_operator_rendered_workers_train_and_checkpoint(
 ) -> None:
     core = client.CoreV1Api(k8s_api)
     node_pool = f"pr-{uuid.uuid4().hex[:8]}"
-    runner.add_node(
-        runner_node_manifest(
-            NodePool(
-                name=node_pool,
-                accelerator="nvidia-tesla-a100",
-                gpus_per_node=4,
-                machine_type="a2-highgpu-4g",
-                zones={ZONE: 1},
-            ),
-            ZONE,
-            0,
-        )
+    add_runner_node(
+        runner, node_pool, "nvidia-tesla-a100", ZONE, gpus=4, machine_type="a2-highgpu-4g"
     )
     shared = runner.provision_claim(namespace, "ckpt")
     job = TrainingJob.model_validate(
@@ -102,7 +55,7 @@ def test_operator_rendered_workers_train_and_checkpoint(
                     "image": "sailplan-trainer:local",
                     "cpu": "1",
                     "memory": "1Gi",
-                    "masterPort": _free_port(),
+                    "masterPort": free_port(),
                 },
                 "checkpoint": {
                     "storage": {"persistentVolumeClaim": {"claimName": "ckpt", "subPath": "run"}},
@@ -140,34 +93,26 @@ def test_operator_rendered_workers_train_and_checkpoint(
         core.create_namespaced_pod(namespace, pod)
 
     names = [p["metadata"]["name"] for p in children.pods]
-    finished = _wait_all_finished(core, namespace, names, timeout_s=150.0)
-    logs = {name: runner.log_path(namespace, name).read_text() for name in names}
-    assert [p.status.phase for p in finished] == ["Succeeded", "Succeeded"], logs
 
-    steps = [
-        event["step"]
-        for event in map(_json_or_none, logs[names[0]].splitlines())
-        if event and event.get("event") == "step"
-    ]
+    def finished() -> list[Any] | None:
+        # Done when all have ended, or as soon as one failed: its peers then hang until the
+        # collective timeout, and the phase assertion below shows the logs.
+        pods = [core.read_namespaced_pod(n, namespace) for n in names]
+        phases = {p.status.phase for p in pods}
+        return pods if "Failed" in phases or phases == {"Succeeded"} else None
+
+    pods = wait_for(
+        "both workers to finish",
+        finished,
+        150.0,
+        lambda: "\n".join(worker_log_tails(runner, namespace)),
+        interval_s=0.5,
+    )
+    logs = {name: runner.log_path(namespace, name).read_text() for name in names}
+    assert [p.status.phase for p in pods] == ["Succeeded", "Succeeded"], logs
+
+    rank0 = events_of(runner.log_path(namespace, names[0]))
+    steps = [event["step"] for event in rank0 if event.get("event") == "step"]
     assert steps == list(range(1, STEPS + 1))
     marker = shared / "run" / f"step-{STEPS:09d}" / "sailplan-complete.json"
     assert marker.exists(), sorted(str(p) for p in shared.rglob("*"))
-
-
-def _json_or_none(line: str) -> dict[str, Any] | None:
-    try:
-        value = json.loads(line)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _wait_all_finished(core: Any, namespace: str, names: list[str], timeout_s: float) -> list[Any]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        pods = [core.read_namespaced_pod(n, namespace) for n in names]
-        if all(p.status.phase in ("Succeeded", "Failed") for p in pods):
-            return pods
-        if any(p.status.phase == "Failed" for p in pods) or time.monotonic() > deadline:
-            return pods
-        time.sleep(0.5)

@@ -22,21 +22,11 @@ import time
 from pathlib import Path
 
 import pytest
-from replan_harness import (
-    A100,
-    INTERVAL,
-    V100,
-    Cluster,
-    assert_continues,
-    cluster,
-    events_of,
-    reference_losses,
-    runner,
-    wait_for,
-)
+from replan_harness import A100, INTERVAL, V100, Cluster, assert_continues, reference_losses
+from runner_harness import events_of
+from waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
-__all__ = ["cluster", "runner"]  # fixtures
 
 
 def test_preempted_node_replans_and_training_resumes_from_the_checkpoint(

@@ -17,36 +17,33 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from replan_harness import (
-    A100,
-    INTERVAL,
-    V100,
-    Cluster,
-    assert_continues,
-    cluster,
-    events_of,
-    reference_losses,
-    runner,
-    wait_for,
-)
+from replan_harness import A100, INTERVAL, V100, Cluster, assert_continues, reference_losses
+from runner_harness import events_of
+from waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
-__all__ = ["cluster", "runner"]  # fixtures
 
 
-def test_added_node_worth_it_switches_through_a_checkpoint(
-    cluster: Cluster, tmp_path: Path
-) -> None:
+def _running_on_a_v100(cluster: Cluster) -> tuple[dict[str, Any], Path]:
+    """Both pools selected, only a V100 node: generation 1 trains there until its first
+    complete checkpoint. Returns the job's spec and rank 0's log."""
     cluster.gpupool(A100)
     cluster.gpupool(V100)
     cluster.add_node(V100)
     spec = cluster.job_spec()
     cluster.create_job(spec)
-
     _, old_log = cluster.rank0(1)
     cluster.wait_checkpoint(old_log, INTERVAL)
+    return spec, old_log
+
+
+def test_added_node_worth_it_switches_through_a_checkpoint(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    spec, old_log = _running_on_a_v100(cluster)
     a100 = cluster.add_node(A100)
 
     second, new_log = cluster.rank0(2, timeout_s=60)
@@ -81,14 +78,7 @@ def test_operator_killed_during_a_switch_converges_to_one_plan(
     again: it resumes the switch from status.replan instead of planning anew, so the job
     ends on generation 2 alone -- no generation 3, no pod of generation 1 left, one pod per
     worker of the plan -- and the loss curve still continues from the switch checkpoint."""
-    assert cluster.operator is not None
-    cluster.gpupool(A100)
-    cluster.gpupool(V100)
-    cluster.add_node(V100)
-    spec = cluster.job_spec()
-    cluster.create_job(spec)
-    _, old_log = cluster.rank0(1)
-    cluster.wait_checkpoint(old_log, INTERVAL)
+    spec, old_log = _running_on_a_v100(cluster)
     cluster.add_node(A100)
 
     def switching() -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from sailplan.operator.api.gpupool import GPUPool
+from sailplan.planner.api import PlanRequest, PlanResult
 from sailplan.planner.catalog import Catalog
 from sailplan.planner.plan import (
     Plan,
@@ -16,6 +17,7 @@ from sailplan.planner.plan import (
     Stage,
     StagePrediction,
 )
+from sailplan.planner.profiles.types import ProfileSet
 
 
 def make_plan(catalog: Catalog, estimated: bool = False) -> Plan:
@@ -110,4 +112,18 @@ JOB_SPEC: dict[str, Any] = {
     "training": {"globalBatchSize": 8, "steps": 100, "seed": 7},
     "trainer": {"image": "sailplan-trainer:test", "cpu": 4, "memory": "16Gi"},
     "checkpoint": {"storage": {"uri": "gs://bucket/ckpt"}, "intervalSteps": 25},
+    # Planning and replanning tests; profiling Jobs are the subject of test_reconcile_profiling.
+    "profiling": {"mode": "Skip"},
 }
+
+
+class RecordingPlanner:
+    """Returns a fixed result and records the requests (the real search is tested elsewhere)."""
+
+    def __init__(self, result: PlanResult) -> None:
+        self.result = result
+        self.requests: list[PlanRequest] = []
+
+    def __call__(self, request: PlanRequest, measured: ProfileSet) -> PlanResult:
+        self.requests.append(request)
+        return self.result

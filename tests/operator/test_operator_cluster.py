@@ -9,23 +9,24 @@ node pools, global batch 16) so the real planner answers in seconds.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import sys
-import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from operator_process import (
+    ClusterRbac,
+    OperatorProcess,
+    service_account_kubeconfig,
+)
+from waiting import wait_for
 
-from sailplan.operator.api import crd
 from sailplan.operator.api.common import GROUP, VERSION
 from sailplan.operator.apply import apply, load_documents
+from sailplan.operator.demo import for_fake_nodes
 from sailplan.operator.reconcile.trainingjob import observed_plan
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -35,81 +36,11 @@ EXAMPLES = ROOT / "manifests" / "examples"
 JOB_LABEL = "sailplan.dev/job"
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 90.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(0.25)
-
-
-class Operator:
-    """The operator as a subprocess; kill() is SIGKILL (no cleanup, like a node crash)."""
-
-    def __init__(self, kubeconfig: str, namespace: str, log: Path) -> None:
-        self.args = [
-            sys.executable,
-            "-m",
-            "sailplan.operator",
-            "operator",
-            "run",
-            "--kubeconfig",
-            kubeconfig,
-            "--namespace",
-            namespace,
-            "--profile-namespace",
-            namespace,
-            "--metrics-port",
-            "0",
-            "--health-port",
-            "0",
-        ]
-        self.log = log
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.process = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT)
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
-@pytest.fixture(scope="module")
-def crds(k8s_api: Any) -> None:
-    apply(k8s_api, crd.all_crds())
-    ext = client.ApiextensionsV1Api(k8s_api)
-
-    def established() -> bool:
-        for definition in crd.all_crds():
-            status = ext.read_custom_resource_definition(definition["metadata"]["name"]).status
-            if not any(
-                c.type == "Established" and c.status == "True" for c in status.conditions or ()
-            ):
-                return False
-        return True
-
-    wait_for("CRDs established", established, 30)
-
-
 @pytest.fixture
 def operator(
     kubeconfig: str, namespace: str, crds: None, k8s_api: Any, tmp_path: Path
-) -> Iterator[Operator]:
-    running = Operator(kubeconfig, namespace, tmp_path / "operator.log")
+) -> Iterator[OperatorProcess]:
+    running = OperatorProcess(kubeconfig, namespace, tmp_path / "operator.log")
     running.start()
     try:
         yield running
@@ -133,34 +64,8 @@ def operator(
             print(running.log.read_text())
 
 
-@pytest.fixture
-def gpupools(k8s_api: Any, crds: None) -> Iterator[Callable[..., str]]:
-    """Create GPUPools with unique names (cluster-scoped: shared by the session)."""
-    custom = client.CustomObjectsApi(k8s_api)
-    created: list[str] = []
-
-    def make(node_pool: str, **spec: Any) -> str:
-        name = f"{node_pool}-{uuid.uuid4().hex[:6]}"
-        custom.create_cluster_custom_object(
-            GROUP,
-            VERSION,
-            "gpupools",
-            {
-                "apiVersion": f"{GROUP}/{VERSION}",
-                "kind": "GPUPool",
-                "metadata": {"name": name},
-                "spec": {"nodePool": node_pool, **spec},
-            },
-        )
-        created.append(name)
-        return name
-
-    yield make
-    for name in created:
-        custom.delete_cluster_custom_object(GROUP, VERSION, "gpupools", name)
-
-
-def job_body(namespace: str, name: str, pools: list[str], **spec: Any) -> dict[str, Any]:
+def job_body(namespace: str, name: str, pools: list[str] | None, **spec: Any) -> dict[str, Any]:
+    """A small valid TrainingJob; `pools` None plans over every GPUPool."""
     body: dict[str, Any] = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "TrainingJob",
@@ -168,9 +73,12 @@ def job_body(namespace: str, name: str, pools: list[str], **spec: Any) -> dict[s
         "spec": {
             "model": {"name": "OPT-350M"},
             "training": {"globalBatchSize": 16, "steps": 10},
-            "pools": {"names": pools},
+            **({"pools": {"names": pools}} if pools is not None else {}),
             "trainer": {"image": "sailplan-trainer:test"},
             "checkpoint": {"storage": {"uri": "gs://bucket/test"}},
+            # kwok's nodes run no containers, so profiling Jobs there could measure nothing;
+            # tests/e2e/test_profiling_jobs.py runs them on nodes that do.
+            "profiling": {"mode": "Skip"},
         },
     }
     body["spec"].update(spec)
@@ -235,9 +143,9 @@ def current_plan(k8s_api: Any, namespace: str, job: str) -> Any:
 
 
 def test_examples_place_pods_on_exactly_the_planned_pools_and_zones(
-    k8s_api: Any, namespace: str, operator: Operator
+    k8s_api: Any, namespace: str, operator: OperatorProcess
 ) -> None:
-    documents = load_documents(EXAMPLES.glob("*.yaml"))
+    documents = for_fake_nodes(load_documents(EXAMPLES.glob("*.yaml")))
     for document in documents:
         # Namespaced examples go to the test's namespace; the GPUPools are cluster-scoped.
         if document["kind"] == "Namespace":
@@ -346,7 +254,7 @@ def test_invalid_trainingjobs_are_rejected_by_the_api_server(
 
 
 def test_infeasible_job_is_unschedulable_with_the_reason(
-    k8s_api: Any, namespace: str, operator: Operator, gpupools: Callable[..., str]
+    k8s_api: Any, namespace: str, operator: OperatorProcess, gpupools: Callable[..., str]
 ) -> None:
     pool = gpupools("a100-ondemand")
     body = job_body(namespace, "greedy", [pool], objective={"minSamplesPerSecond": 1.0e9})
@@ -370,8 +278,41 @@ def test_infeasible_job_is_unschedulable_with_the_reason(
     )
 
 
+def test_a_profiling_job_without_a_result_fails_profiling_with_its_reason(
+    k8s_api: Any, namespace: str, operator: OperatorProcess, gpupools: Callable[..., str]
+) -> None:
+    # kwok "completes" a Job's pods without running anything, so the operator finds no
+    # result log: a real way for a profiling Job to give nothing usable.
+    pool = gpupools("v100-spot")
+    body = job_body(namespace, "noresult", [pool], profiling={"mode": "Required"})
+    client.CustomObjectsApi(k8s_api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "trainingjobs", body
+    )
+
+    def failed() -> dict[str, Any] | None:
+        status = get_job(k8s_api, namespace, "noresult").get("status") or {}
+        planned = {c["type"]: c for c in status.get("conditions", [])}.get("Planned", {})
+        return status if planned.get("reason") == "ProfilingFailed" else None
+
+    status = wait_for("Planned=False/ProfilingFailed", failed, 120)
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert status["phase"] == "Pending" and not status.get("plan")
+    assert conditions["Profiling"]["reason"] == "ProfilingFailed"
+    assert "ResultUnreadable" in conditions["Profiling"]["message"]
+    assert "delete that Job to retry" in conditions["Planned"]["message"]
+    assert not pods_of(k8s_api, namespace, "noresult")
+    wait_for(
+        "a Warning Event ProfilingFailed",
+        lambda: any(
+            e.reason == "ProfilingFailed" and e.type == "Warning"
+            for e in job_events(k8s_api, namespace, "noresult")
+        ),
+        timeout_s=30,
+    )
+
+
 def test_unknown_model_is_invalid_with_the_valid_names(
-    k8s_api: Any, namespace: str, operator: Operator
+    k8s_api: Any, namespace: str, operator: OperatorProcess
 ) -> None:
     body = job_body(namespace, "typo", ["x"], model={"name": "OPT-305M"})
     client.CustomObjectsApi(k8s_api).create_namespaced_custom_object(
@@ -383,7 +324,7 @@ def test_unknown_model_is_invalid_with_the_valid_names(
 
 
 def test_operator_killed_mid_reconcile_restarts_without_duplicates(
-    k8s_api: Any, namespace: str, operator: Operator, gpupools: Callable[..., str]
+    k8s_api: Any, namespace: str, operator: OperatorProcess, gpupools: Callable[..., str]
 ) -> None:
     pool = gpupools("a100-ondemand")
     core = client.CoreV1Api(k8s_api)
@@ -413,7 +354,7 @@ def test_operator_killed_mid_reconcile_restarts_without_duplicates(
 
 
 def test_deleting_the_job_removes_its_children(
-    k8s_api: Any, namespace: str, operator: Operator, gpupools: Callable[..., str]
+    k8s_api: Any, namespace: str, operator: OperatorProcess, gpupools: Callable[..., str]
 ) -> None:
     pool = gpupools("a100-ondemand")
     custom = client.CustomObjectsApi(k8s_api)
@@ -439,7 +380,7 @@ def test_deleting_the_job_removes_its_children(
 def test_gpupool_status_follows_node_cordon_deletion_addition_and_notready(
     k8s_api: Any,
     namespace: str,
-    operator: Operator,
+    operator: OperatorProcess,
     gpupools: Callable[..., str],
     local_cluster: Any,
 ) -> None:
@@ -456,22 +397,28 @@ def test_gpupool_status_follows_node_cordon_deletion_addition_and_notready(
     assert len(nodes) == 2
     try:
         first = wait_for(
-            "pool status", lambda: status() if status().get("nodesReady") == 2 else None
+            "pool status",
+            lambda: status() if status().get("nodesReady") == 2 else None,
+            90,
         )
         assert (first["gpuType"], first["spot"], first["gpusAllocatable"]) == ("V100-16", True, 4)
         local_cluster.cordon(nodes[0])
         cordoned = wait_for(
-            "cordon seen", lambda: status() if status().get("nodesReady") == 1 else None
+            "cordon seen",
+            lambda: status() if status().get("nodesReady") == 1 else None,
+            90,
         )
         assert cordoned["nodesTotal"] == 2
         local_cluster.delete_node(nodes[1])
-        wait_for("deletion seen", lambda: status().get("nodesTotal") == 1)
+        wait_for("deletion seen", lambda: status().get("nodesTotal") == 1, 90)
         ready = next(c for c in status()["conditions"] if c["type"] == "Ready")
         assert (ready["status"], ready["reason"]) == ("False", "NoReadyNodes")
         # The pool scales up in another zone: a new zone entry appears.
         local_cluster.add_node("v100-spot", "us-central1-a")
         grown = wait_for(
-            "node addition seen", lambda: status() if status().get("nodesReady") == 1 else None
+            "node addition seen",
+            lambda: status() if status().get("nodesReady") == 1 else None,
+            90,
         )
         zones = {z["zone"]: z for z in grown["zones"]}
         assert zones["us-central1-a"]["nodesReady"] == 1
@@ -483,7 +430,7 @@ def test_gpupool_status_follows_node_cordon_deletion_addition_and_notready(
             if n not in nodes
         )
         local_cluster.set_node_ready(added, False)
-        wait_for("NotReady seen", lambda: status().get("nodesReady") == 0)
+        wait_for("NotReady seen", lambda: status().get("nodesReady") == 0, 90)
     finally:
         local_cluster.reset_nodes()
 
@@ -535,26 +482,6 @@ def test_kustomize_base_and_examples_apply_with_kubectl(
     )
 
 
-def _service_account_kubeconfig(admin_kubeconfig: str, token: str, path: Path) -> str:
-    """A kubeconfig for the same API server that authenticates as a ServiceAccount token."""
-    admin = yaml.safe_load(Path(admin_kubeconfig).read_text())
-    context = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])
-    cluster = next(c for c in admin["clusters"] if c["name"] == context["context"]["cluster"])
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "c", "cluster": cluster["cluster"]}],
-                "users": [{"name": "operator", "user": {"token": token}}],
-                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "operator"}}],
-                "current-context": "c",
-            }
-        )
-    )
-    return str(path)
-
-
 def test_operator_runs_with_exactly_the_manifest_rbac(
     kubeconfig: str,
     k8s_api: Any,
@@ -566,9 +493,9 @@ def test_operator_runs_with_exactly_the_manifest_rbac(
     rbac = ClusterRbac(k8s_api, namespace)
     try:
         token = rbac.grant()
-        limited = _service_account_kubeconfig(kubeconfig, token, tmp_path / "operator.kubeconfig")
+        limited = service_account_kubeconfig(kubeconfig, token, tmp_path / "operator.kubeconfig")
         pool = gpupools("a100-ondemand")
-        operator = Operator(limited, namespace, tmp_path / "operator.log")
+        operator = OperatorProcess(limited, namespace, tmp_path / "operator.log")
         operator.start()
         try:
             client.CustomObjectsApi(k8s_api).create_namespaced_custom_object(
@@ -582,19 +509,16 @@ def test_operator_runs_with_exactly_the_manifest_rbac(
                 GROUP, VERSION, "gpupools", pool
             )["status"]
             assert pool_status["gpuType"] == "A100-40"
-            log_file = tmp_path / "operator.log"
-            try:
-                wait_for(
-                    "Events Planned and PodsCreated",
-                    lambda: (
-                        {"Planned", "PodsCreated"}
-                        <= {e.reason for e in job_events(k8s_api, namespace, "rbac")}
-                    ),
-                    timeout_s=30,
-                )
-            except AssertionError as error:
-                raise AssertionError(f"{error}\n{log_file.read_text()[-3000:]}") from None
-            log = log_file.read_text()
+            wait_for(
+                "Events Planned and PodsCreated",
+                lambda: (
+                    {"Planned", "PodsCreated"}
+                    <= {e.reason for e in job_events(k8s_api, namespace, "rbac")}
+                ),
+                30,
+                lambda: operator.log.read_text()[-3000:],
+            )
+            log = operator.log.read_text()
             assert "Forbidden" not in log, log[-2000:]
         finally:
             operator.stop()
@@ -603,39 +527,3 @@ def test_operator_runs_with_exactly_the_manifest_rbac(
             )
     finally:
         rbac.revoke()
-
-
-class ClusterRbac:
-    """manifests/base/rbac.yaml bound to a ServiceAccount of the test namespace."""
-
-    def __init__(self, api: Any, namespace: str) -> None:
-        self.api = api
-        self.namespace = namespace
-        self.name = f"sailplan-operator-{namespace}"
-
-    def grant(self) -> str:
-        documents = list(yaml.safe_load_all((ROOT / "manifests/base/rbac.yaml").read_text()))
-        role, binding = documents
-        role["metadata"]["name"] = self.name
-        binding["metadata"]["name"] = self.name
-        binding["roleRef"]["name"] = self.name
-        binding["subjects"] = [
-            {"kind": "ServiceAccount", "name": "operator", "namespace": self.namespace}
-        ]
-        core = client.CoreV1Api(self.api)
-        core.create_namespaced_service_account(self.namespace, {"metadata": {"name": "operator"}})
-        apply(self.api, [role, binding])
-        request = core.create_namespaced_service_account_token(
-            "operator", self.namespace, {"spec": {"expirationSeconds": 3600}}
-        )
-        token: str = request.status.token
-        return token
-
-    def revoke(self) -> None:
-        rbac = client.RbacAuthorizationV1Api(self.api)
-        for delete in (rbac.delete_cluster_role_binding, rbac.delete_cluster_role):
-            try:
-                delete(self.name)
-            except ApiException as error:
-                if error.status != 404:
-                    raise

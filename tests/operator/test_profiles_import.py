@@ -12,10 +12,8 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from test_operator_cluster import (  # the real-operator fixtures and helpers
-    Operator,
-    crds,  # noqa: F401 (fixture)
-    gpupools,  # noqa: F401 (fixture)
+from operator_process import OperatorProcess
+from test_operator_cluster import (  # the real-operator fixture and helpers
     job_body,
     operator,  # noqa: F401 (fixture)
     wait_phase,
@@ -100,8 +98,8 @@ def test_imported_sailor_artifact_is_read_back_and_used_for_planning(
     kubeconfig: str,
     k8s_api: Any,
     namespace: str,
-    operator: Operator,  # noqa: F811
-    gpupools: Callable[..., str],  # noqa: F811
+    operator: OperatorProcess,  # noqa: F811
+    gpupools: Callable[..., str],
 ) -> None:
     if not (ARTIFACT / "profiles").is_dir():
         pytest.skip(f"Sailor reference artifact not found at {ARTIFACT}")

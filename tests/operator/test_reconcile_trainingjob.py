@@ -8,7 +8,7 @@ from typing import Any
 
 import operator_builders
 import pytest
-from operator_builders import JOB_SPEC, make_plan
+from operator_builders import JOB_SPEC, RecordingPlanner
 
 from sailplan.operator.api.common import find_condition
 from sailplan.operator.api.gpupool import GPUPool
@@ -29,18 +29,6 @@ from sailplan.planner.plan import Plan
 from sailplan.planner.profiles.types import ProfileSet
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-class RecordingPlanner:
-    """Returns a fixed result and records the requests (the real search is tested elsewhere)."""
-
-    def __init__(self, result: PlanResult) -> None:
-        self.result = result
-        self.requests: list[PlanRequest] = []
-
-    def __call__(self, request: PlanRequest, measured: ProfileSet) -> PlanResult:
-        self.requests.append(request)
-        return self.result
 
 
 def refuse(request: PlanRequest, measured: ProfileSet) -> PlanResult:
@@ -230,21 +218,6 @@ def test_custom_model_with_sequence_override_reaches_the_planner(
         256,
         128,
     )
-
-
-def test_required_profiling_waits_for_measured_profiles(
-    make_job: Callable[..., TrainingJob], pools: tuple[GPUPool, ...], catalog: Catalog
-) -> None:
-    job = make_job(JOB_SPEC | {"profiling": {"mode": "Required"}})
-    estimated = RecordingPlanner(Planned(best=make_plan(catalog, estimated=True)))
-    outcome = reconcile(Observed(job=job, pools=pools), estimated, catalog, NOW)
-    assert outcome.create == ()
-    assert _reason(outcome.status, "Planned") == ("False", "AwaitingProfiles")
-    assert _reason(outcome.status, "ProfilesMeasured") == ("False", "Estimated")
-    # Auto accepts estimates but says so.
-    auto = reconcile(Observed(job=make_job(), pools=pools), estimated, catalog, NOW)
-    assert len(auto.create) == 6
-    assert _reason(auto.status, "ProfilesMeasured") == ("False", "Estimated")
 
 
 def _running(
