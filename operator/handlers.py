@@ -376,9 +376,12 @@ class Runtime:
                     if await asyncio.to_thread(self.kube.create, configmap):
                         stored.append((item.need.key, configmap["metadata"]["name"]))
                     else:
+                        # Usually another job stored the same key a moment ago, and the
+                        # next pass finds the need met; if not, that ConfigMap is broken.
                         problem = (
-                            f"profile store ConfigMap {configmap['metadata']['name']} exists "
-                            "but does not hold this profile; delete it to store the new one"
+                            f"profile store ConfigMap {configmap['metadata']['name']} already "
+                            "exists; if the store still lacks this profile, delete that "
+                            "ConfigMap and this Job to measure it again"
                         )
             except results.ProfilingResultError as error:
                 problem = str(error)
@@ -543,9 +546,11 @@ def build_registry(config: OperatorConfig, api_client: client.ApiClient) -> kopf
         return {name: node_info(body)}
 
     @kopf.index("pods", id="gpus", registry=registry)
-    async def gpus(body: kopf.Body, **_: Any) -> dict[str, int] | None:
+    async def gpus(body: kopf.Body, **_: Any) -> dict[str, int]:
         usage = pod_gpu_request(body)
-        return {usage[0]: usage[1]} if usage else None
+        # An empty mapping, not None: Kopf keeps an object's previous value when the index
+        # function returns None, so a pod that finished would hold its GPUs forever.
+        return {usage[0]: usage[1]} if usage else {}
 
     @kopf.index(GROUP, pool_api.PLURAL, id="pools", registry=registry)
     async def pools(body: kopf.Body, name: str, **_: Any) -> dict[str, dict[str, Any]]:

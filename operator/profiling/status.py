@@ -23,6 +23,7 @@ REASON_PROFILING: Final = "ProfilingRunning"
 REASON_PROFILING_FAILED: Final = "ProfilingFailed"
 REASON_PROFILES_COLLECTED: Final = "ProfilesReady"
 REASON_PROFILING_PENDING: Final = "ProfilingPending"
+REASON_PROFILING_SKIPPED: Final = "ProfilingSkipped"
 REASON_RESULT_UNREADABLE: Final = "ResultUnreadable"
 # Set by the operator on a succeeded profiling Job whose log held no usable result: the
 # Job counts as failed from then on (level-triggered: survives an operator restart).

@@ -41,6 +41,7 @@ from sailplan.operator.profiling.status import (
     COND_PROFILING,
     REASON_PROFILES_COLLECTED,
     REASON_PROFILING_FAILED,
+    REASON_PROFILING_SKIPPED,
     ObservedJob,
     profiling_status,
 )
@@ -133,7 +134,12 @@ def profiling_step(
 ) -> ProfilingStep:
     mode = job.spec.profiling.mode
     needs = missing_profiles(
-        model, job.spec.training.global_batch_size, build_snapshot(selected), measured
+        model,
+        job.spec.training.global_batch_size,
+        # Every ready node: pools busy right now (with this job's profiling pods, say) are
+        # still pools the job may run on.
+        build_snapshot(selected, "ready"),
+        measured,
     )
     decision = profiling_decision(mode, needs)
     if not decision.launch and not jobs and previous is None:
@@ -169,12 +175,13 @@ def profiling_step(
     )
 
     condition = progress.condition(job.generation)
-    if not needs:
+    if not needs or (not decision.launch and not progress.running and not progress.failed):
+        # Nothing missing, or nothing this policy will measure (Skip after a mode edit).
         condition = Condition(
             type=COND_PROFILING,
             status="False",
-            reason=REASON_PROFILES_COLLECTED,
-            message="every profile the pools need is measured",
+            reason=REASON_PROFILES_COLLECTED if not needs else REASON_PROFILING_SKIPPED,
+            message=decision.message,
             observed_generation=job.generation,
         )
     events: list[KubeEvent] = []

@@ -58,16 +58,22 @@ def node_info(body: Mapping[str, Any]) -> NodeInfo:
     )
 
 
+def _container_gpus(container: Mapping[str, Any]) -> int:
+    resources = container.get("resources") or {}
+    requested = (resources.get("limits") or {}).get(GPU_RESOURCE) or (
+        resources.get("requests") or {}
+    ).get(GPU_RESOURCE)
+    return _int_quantity(requested or 0)
+
+
 def requested_gpus(body: Mapping[str, Any]) -> int:
-    """GPUs a pod asks for, whatever its phase."""
-    gpus = 0
-    for container in (body.get("spec") or {}).get("containers") or ():
-        resources = container.get("resources") or {}
-        requested = (resources.get("limits") or {}).get(GPU_RESOURCE) or (
-            resources.get("requests") or {}
-        ).get(GPU_RESOURCE)
-        gpus += _int_quantity(requested or 0)
-    return gpus
+    """GPUs a pod asks for, whatever its phase: as the scheduler counts them, the larger of
+    its app containers' sum and its largest init container (a profiling pod's GPU is held
+    by its init container, the profiler)."""
+    spec = body.get("spec") or {}
+    app = sum(_container_gpus(c) for c in spec.get("containers") or ())
+    init = max((_container_gpus(c) for c in spec.get("initContainers") or ()), default=0)
+    return max(app, init)
 
 
 def pod_gpu_request(body: Mapping[str, Any]) -> tuple[str, int] | None:

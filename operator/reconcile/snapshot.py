@@ -9,11 +9,16 @@ the GPUPool's overrides where given, else left to the catalog (None).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Literal
 
 from sailplan.operator.api.gpupool import GPUPool
 from sailplan.operator.api.trainingjob import PoolSelection
 from sailplan.operator.reconcile.naming import pool_key
 from sailplan.planner.cluster import ClusterSnapshot, Pool
+
+# "free": nodes a new worker can take now (planning); "ready": every healthy node, busy or
+# not (what profiles a job may need, since it may use any of them later).
+NodeCount = Literal["free", "ready"]
 
 
 class PoolSelectionError(ValueError):
@@ -45,8 +50,9 @@ def _price(pool: GPUPool, spot: bool) -> float | None:
     return pricing.spot_usd_per_gpu_hour if spot else pricing.on_demand_usd_per_gpu_hour
 
 
-def snapshot_pools(pools: Sequence[GPUPool]) -> tuple[Pool, ...]:
-    """Snapshot pools with at least one free node, for GPUPools whose GPU type resolved."""
+def snapshot_pools(pools: Sequence[GPUPool], count: NodeCount = "free") -> tuple[Pool, ...]:
+    """Snapshot pools with at least one free node (or ready node, with count="ready": what
+    the pools are, busy or not), for GPUPools whose GPU type resolved."""
     result: list[Pool] = []
     for pool in sorted(pools, key=lambda p: p.name):
         status = pool.status
@@ -54,7 +60,8 @@ def snapshot_pools(pools: Sequence[GPUPool]) -> tuple[Pool, ...]:
             continue
         spot = bool(status.spot)
         for zone in status.zones:
-            if zone.nodes_free == 0 or zone.gpus_per_node == 0:
+            nodes = zone.nodes_free if count == "free" else zone.nodes_ready
+            if nodes == 0 or zone.gpus_per_node == 0:
                 continue
             result.append(
                 Pool(
@@ -62,7 +69,7 @@ def snapshot_pools(pools: Sequence[GPUPool]) -> tuple[Pool, ...]:
                     gpu_type=status.gpu_type,
                     zone=zone.zone,
                     gpus_per_node=zone.gpus_per_node,
-                    nodes=zone.nodes_free,
+                    nodes=nodes,
                     spot=spot,
                     usd_per_gpu_hour=_price(pool, spot),
                 )
@@ -70,5 +77,5 @@ def snapshot_pools(pools: Sequence[GPUPool]) -> tuple[Pool, ...]:
     return tuple(result)
 
 
-def build_snapshot(pools: Sequence[GPUPool]) -> ClusterSnapshot:
-    return ClusterSnapshot(pools=snapshot_pools(pools))
+def build_snapshot(pools: Sequence[GPUPool], count: NodeCount = "free") -> ClusterSnapshot:
+    return ClusterSnapshot(pools=snapshot_pools(pools, count))

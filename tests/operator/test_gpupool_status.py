@@ -152,3 +152,22 @@ def test_finished_pods_release_their_gpus() -> None:
     assert pod_gpu_request(pod) == ("n1", 2)
     assert pod_gpu_request(pod | {"status": {"phase": "Succeeded"}}) is None
     assert pod_gpu_request(pod | {"spec": {"containers": []}}) is None
+
+
+def test_an_init_container_holds_its_gpus_like_the_scheduler_counts_them() -> None:
+    # The scheduler reserves max(sum of app containers, largest init container): a profiling
+    # pod's GPU belongs to its profiler init container, its report container asks for none.
+    def gpu(count: int) -> dict[str, object]:
+        return {"resources": {"limits": {"nvidia.com/gpu": str(count)}}}
+
+    pod = {
+        "spec": {
+            "nodeName": "n1",
+            "initContainers": [gpu(4), gpu(1)],
+            "containers": [{"resources": {}}],
+        },
+        "status": {"phase": "Pending"},
+    }
+    assert pod_gpu_request(pod) == ("n1", 4)
+    more = pod | {"spec": pod["spec"] | {"containers": [gpu(3), gpu(3)]}}  # type: ignore[operator]
+    assert pod_gpu_request(more) == ("n1", 6)

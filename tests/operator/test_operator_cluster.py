@@ -377,6 +377,40 @@ def test_deleting_the_job_removes_its_children(
     wait_for("the garbage collector to delete the job's children", all_gone, 90)
 
 
+def test_gpus_held_by_a_finished_pod_are_free_again(
+    k8s_api: Any, namespace: str, operator: OperatorProcess, gpupools: Callable[..., str]
+) -> None:
+    # A GPU held by an init container counts (as the scheduler counts it: a profiling pod's
+    # GPU is its profiler's), and a pod that finished holds nothing any more.
+    custom = client.CustomObjectsApi(k8s_api)
+    core = client.CoreV1Api(k8s_api)
+    pool = gpupools("v100-spot")
+
+    def in_use() -> int:
+        status = custom.get_cluster_custom_object(GROUP, VERSION, "gpupools", pool).get("status")
+        return int((status or {}).get("gpusInUse", -1))
+
+    wait_for("pool status", lambda: in_use() == 0, 90)
+    gpu = {"limits": {"nvidia.com/gpu": "2"}}
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "holds-gpus", "namespace": namespace},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": {"cloud.google.com/gke-nodepool": "v100-spot"},
+            "tolerations": [{"operator": "Exists"}],
+            "initContainers": [{"name": "init", "image": "x", "resources": gpu}],
+            "containers": [{"name": "main", "image": "x"}],
+        },
+    }
+    core.create_namespaced_pod(namespace, body)
+    wait_for("the init container's GPUs counted", lambda: in_use() == 2, 60)
+    # What the kubelet writes when the containers exit 0 (kwok leaves such a pod Running).
+    core.patch_namespaced_pod_status("holds-gpus", namespace, {"status": {"phase": "Succeeded"}})
+    wait_for("the finished pod's GPUs released", lambda: in_use() == 0, 60)
+
+
 def test_gpupool_status_follows_node_cordon_deletion_addition_and_notready(
     k8s_api: Any,
     namespace: str,

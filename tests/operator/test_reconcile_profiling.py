@@ -277,3 +277,37 @@ def test_profiling_jobs_of_an_earlier_job_with_the_same_name_are_ignored(
     outcome = reconcile(Observed(job=job, pools=pools, profiling_jobs=stale), planner, catalog, NOW)
     assert outcome.collect == ()  # their results belong to nobody here
     assert {o["kind"] for o in outcome.create} >= {"Job"}  # ours are (re)created
+
+
+def test_switching_to_skip_stops_reporting_pending_profiling(
+    make_job: Callable[..., TrainingJob], pools: tuple[GPUPool, ...], catalog: Catalog
+) -> None:
+    job = job_with(make_job, "Required")
+    first = reconcile(Observed(job=job, pools=pools), never, catalog, NOW)
+    assert condition(first.status, "Profiling")[0] == "True"
+    # The user gives up on measurements before any Job ran (they are deleted with the edit).
+    skip = job_with(make_job, "Skip", first.status)
+    planner = RecordingPlanner(Planned(best=make_plan(catalog, estimated=True)))
+    outcome = reconcile(Observed(job=skip, pools=pools), planner, catalog, NOW)
+    assert outcome.create and "Job" not in kinds(outcome)
+    state, reason, message = condition(outcome.status, "Profiling")
+    assert (state, reason) == ("False", "ProfilingSkipped")
+    assert "Skip" in message
+
+
+def test_busy_nodes_still_count_as_pools_to_profile(
+    make_job: Callable[..., TrainingJob], pools: tuple[GPUPool, ...], catalog: Catalog
+) -> None:
+    # Every node busy (e.g. with this job's own profiling pods): the pools are still the
+    # job's, so what they lack is still missing, and Required keeps waiting for it rather
+    # than calling the job unschedulable.
+    def busy(pool: GPUPool) -> GPUPool:
+        zones = tuple(z.model_copy(update={"nodes_free": 0}) for z in pool.status.zones)
+        return pool.model_copy(update={"status": pool.status.model_copy(update={"zones": zones})})
+
+    job = job_with(make_job, "Required")
+    outcome = reconcile(Observed(job=job, pools=tuple(map(busy, pools))), never, catalog, NOW)
+    assert outcome.status.phase == "Pending"
+    assert condition(outcome.status, "Planned")[:2] == ("False", "AwaitingProfiles")
+    launched = {o["metadata"]["labels"][LABEL_NEED] for o in outcome.create if o["kind"] == "Job"}
+    assert launched == {need_id(n) for n in needs_of(job, pools, catalog)}
