@@ -253,6 +253,18 @@ def test_invalid_trainingjobs_are_rejected_by_the_api_server(
     assert error.value.status == 422 and "model is immutable" in str(error.value.body)
 
 
+def wait_warning(k8s_api: Any, namespace: str, job: str, reason: str) -> None:
+    """A Warning Event `reason` on the job; the operator posts Events right after its status
+    write, so they may trail the phase a test waited for."""
+    wait_for(
+        f"a Warning Event {reason}",
+        lambda: any(
+            e.reason == reason and e.type == "Warning" for e in job_events(k8s_api, namespace, job)
+        ),
+        timeout_s=30,
+    )
+
+
 def test_infeasible_job_is_unschedulable_with_the_reason(
     k8s_api: Any, namespace: str, operator: OperatorProcess, gpupools: Callable[..., str]
 ) -> None:
@@ -267,15 +279,7 @@ def test_infeasible_job_is_unschedulable_with_the_reason(
     assert conditions["Unschedulable"]["reason"] == "BelowThroughputFloor"
     assert conditions["Unschedulable"]["message"]
     assert not pods_of(k8s_api, namespace, "greedy")
-    # The operator posts Events right after its status write, so they may trail the phase.
-    wait_for(
-        "a Warning Event BelowThroughputFloor",
-        lambda: any(
-            e.reason == "BelowThroughputFloor" and e.type == "Warning"
-            for e in job_events(k8s_api, namespace, "greedy")
-        ),
-        timeout_s=30,
-    )
+    wait_warning(k8s_api, namespace, "greedy", "BelowThroughputFloor")
 
 
 def test_a_profiling_job_without_a_result_fails_profiling_with_its_reason(
@@ -301,14 +305,7 @@ def test_a_profiling_job_without_a_result_fails_profiling_with_its_reason(
     assert "ResultUnreadable" in conditions["Profiling"]["message"]
     assert "delete that Job to retry" in conditions["Planned"]["message"]
     assert not pods_of(k8s_api, namespace, "noresult")
-    wait_for(
-        "a Warning Event ProfilingFailed",
-        lambda: any(
-            e.reason == "ProfilingFailed" and e.type == "Warning"
-            for e in job_events(k8s_api, namespace, "noresult")
-        ),
-        timeout_s=30,
-    )
+    wait_warning(k8s_api, namespace, "noresult", "ProfilingFailed")
 
 
 def test_unknown_model_is_invalid_with_the_valid_names(
