@@ -87,12 +87,17 @@ def _gpu_pod(name: str, gpus: int, match: dict[str, str], tolerate: bool = True)
 def test_control_plane_components_are_running(k8s_api: Any, local_cluster: LocalCluster) -> None:
     version = client.VersionApi(k8s_api).get_code()
     assert version.git_version == build.K8S_VERSION
+
     # The scheduler and controller manager each hold their leader-election lease: proof the
-    # real components run against this API server, not just etcd + apiserver.
-    leases = client.CoordinationV1Api(k8s_api).list_namespaced_lease("kube-system").items
-    holders = {lease.metadata.name: lease.spec.holder_identity for lease in leases}
-    assert holders.get("kube-scheduler")
-    assert holders.get("kube-controller-manager")
+    # real components run against this API server, not just etcd + apiserver. A component
+    # takes its lease a moment after the cluster answers, so a fresh cluster may not show it.
+    def holders() -> dict[str, str] | None:
+        leases = client.CoordinationV1Api(k8s_api).list_namespaced_lease("kube-system").items
+        found = {lease.metadata.name: lease.spec.holder_identity for lease in leases}
+        wanted = ("kube-scheduler", "kube-controller-manager")
+        return found if all(found.get(name) for name in wanted) else None
+
+    wait_for("the scheduler's and controller manager's leases", holders, 60)
     # The controller manager's service-account controller made the default account.
     core = client.CoreV1Api(k8s_api)
     assert core.read_namespaced_service_account("default", "default").metadata.name == "default"
