@@ -62,48 +62,12 @@ from sailplan.planner.cluster import ClusterSnapshot
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.plan import Plan
 from sailplan.planner.profiles.types import ProfileSet
-from sailplan.planner.workerenv import CHECKPOINT_REQUEST_ANNOTATION, TrainerProgress
+from sailplan.planner.workerenv import CHECKPOINT_REQUEST_ANNOTATION
 
 Planner = Callable[[PlanRequest, ProfileSet], PlanResult]
 
 
 # -- observed state ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ObservedPod:
-    """A worker pod: the replan facts about it (triggers.WorkerPod) plus its owner."""
-
-    worker: triggers.WorkerPod
-    owner_uid: str = ""
-
-    @property
-    def name(self) -> str:
-        return self.worker.name
-
-    @property
-    def generation(self) -> int:
-        return self.worker.generation
-
-    @property
-    def attempt(self) -> int:
-        return self.worker.attempt
-
-    @property
-    def worker_index(self) -> int:
-        return self.worker.worker_index
-
-    @property
-    def phase(self) -> str:
-        return self.worker.phase
-
-    @property
-    def deleting(self) -> bool:
-        return self.worker.deleting
-
-    @property
-    def progress(self) -> TrainerProgress | None:
-        return self.worker.progress
-
-
 @dataclass(frozen=True)
 class ObservedPlan:
     name: str
@@ -117,7 +81,7 @@ class Observed:
     job: TrainingJob
     pools: tuple[GPUPool, ...] = ()
     plans: tuple[ObservedPlan, ...] = ()
-    pods: tuple[ObservedPod, ...] = ()
+    pods: tuple[triggers.WorkerPod, ...] = ()
     service_exists: bool = False
     measured: ProfileSet = field(default_factory=ProfileSet)
     # Every node by name; a worker whose node is missing here is on a node that is gone.
@@ -125,12 +89,9 @@ class Observed:
     profiling_jobs: tuple[ObservedJob, ...] = ()
 
 
-def observed_pod(body: Mapping[str, Any]) -> ObservedPod | None:
+def observed_pod(body: Mapping[str, Any]) -> triggers.WorkerPod | None:
     """A worker pod as the reconcile sees it; None if it lacks the operator's labels."""
-    worker = triggers.pod_facts(body)
-    if worker is None:
-        return None
-    return ObservedPod(worker=worker, owner_uid=controller_uid(body.get("metadata") or {}))
+    return triggers.pod_facts(body)
 
 
 def observed_plan(body: Mapping[str, Any]) -> ObservedPlan | None:
@@ -737,7 +698,7 @@ def _run(
         return _finish(
             observed, invalid_status(status, generation, api.REASON_NO_POOLS, str(error), now)
         )
-    workers = tuple(p.worker for p in observed.pods)
+    workers = observed.pods
     cluster = triggers.capacity_snapshot(selected, workers, observed.nodes)
     plans = {p.generation: p.plan for p in observed.plans}
     adopted = False

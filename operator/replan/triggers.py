@@ -25,6 +25,7 @@ from typing import Any, Final
 from sailplan.operator.api.gpupool import GPUPool
 from sailplan.operator.api.trainingjob import TrainingJobSpec
 from sailplan.operator.reconcile import naming
+from sailplan.operator.reconcile.children import controller_uid
 from sailplan.operator.reconcile.nodes import NodeInfo
 from sailplan.operator.reconcile.snapshot import build_snapshot
 from sailplan.planner.cluster import ClusterSnapshot
@@ -84,6 +85,7 @@ class WorkerPod:
     exit_code: int | None = None  # first non-zero container exit code
     checkpoint_request: str | None = None
     progress: TrainerProgress | None = None
+    owner_uid: str = ""  # the controlling TrainingJob's uid
 
     @property
     def key(self) -> str:
@@ -134,6 +136,7 @@ def pod_facts(body: Mapping[str, Any]) -> WorkerPod | None:
     return WorkerPod(
         name=str(metadata.get("name", "")),
         uid=str(metadata.get("uid", "")),
+        owner_uid=controller_uid(metadata),
         generation=generation,
         attempt=attempt,
         worker_index=index,
