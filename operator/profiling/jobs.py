@@ -32,13 +32,18 @@ from typing import Any, Final
 from sailplan.operator.api.common import GROUP
 from sailplan.operator.api.gpupool import (
     GPU_RESOURCE,
-    SPOT_LABEL,
     GPUPool,
 )
 from sailplan.operator.api.trainingjob import TrainingJob
 from sailplan.operator.profiling.needs import ComputeNeed, Need, NetworkNeed, Site, need_id
 from sailplan.operator.reconcile import naming
-from sailplan.operator.reconcile.children import RUN_AS_USER, node_affinity, owner_reference
+from sailplan.operator.reconcile.children import (
+    container_security_context,
+    gpu_tolerations,
+    node_affinity,
+    owner_reference,
+    pod_security_context,
+)
 
 ROLE_PROFILER: Final = "profiler"
 ROLE_PROFILER_RENDEZVOUS: Final = "profiler-rendezvous"
@@ -100,19 +105,6 @@ def need_document(need: Need) -> str:
     return json.dumps(body, sort_keys=True)
 
 
-def tolerations(site: Site) -> list[dict[str, Any]]:
-    found = [{"key": GPU_RESOURCE, "operator": "Equal", "value": "present", "effect": "NoSchedule"}]
-    if site.spot:
-        found.append(
-            {"key": SPOT_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
-        )
-    return found
-
-
-def _container_security() -> dict[str, Any]:
-    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
-
-
 def _pod_spec(
     job: TrainingJob,
     site: Site,
@@ -131,14 +123,8 @@ def _pod_spec(
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "affinity": {"nodeAffinity": node_affinity(pool, site.zone)},
-        "tolerations": tolerations(site),
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RUN_AS_USER,
-            "runAsGroup": RUN_AS_USER,
-            "fsGroup": RUN_AS_USER,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "tolerations": gpu_tolerations(site.spot),
+        "securityContext": pod_security_context(),
         "initContainers": [
             {
                 "name": PROFILER_CONTAINER,
@@ -155,7 +141,7 @@ def _pod_spec(
                     "limits": {"memory": trainer.memory, GPU_RESOURCE: str(gpus)},
                 },
                 "volumeMounts": [results, {"name": "dshm", "mountPath": "/dev/shm"}, *extra_mounts],
-                "securityContext": _container_security(),
+                "securityContext": container_security_context(),
             }
         ],
         "containers": [
@@ -169,7 +155,7 @@ def _pod_spec(
                     "limits": {"memory": "256Mi"},
                 },
                 "volumeMounts": [{**results, "readOnly": True}],
-                "securityContext": _container_security(),
+                "securityContext": container_security_context(),
             }
         ],
         "volumes": [

@@ -168,15 +168,31 @@ def node_affinity(pool: GPUPool, zone: str) -> dict[str, Any]:
     }
 
 
-def _tolerations(pool: GPUPool) -> list[dict[str, Any]]:
+def gpu_tolerations(spot: bool) -> list[dict[str, Any]]:
+    """The taints of GKE GPU nodes (and of spot nodes) every GPU pod must tolerate."""
     tolerations = [
         {"key": GPU_RESOURCE, "operator": "Equal", "value": "present", "effect": "NoSchedule"}
     ]
-    if pool.status.spot:
+    if spot:
         tolerations.append(
             {"key": SPOT_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
         )
     return tolerations
+
+
+def pod_security_context() -> dict[str, Any]:
+    """Non-root with the runtime's seccomp profile: every pod the operator creates."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "runAsGroup": RUN_AS_USER,
+        "fsGroup": RUN_AS_USER,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context() -> dict[str, Any]:
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
 def _env(
@@ -279,14 +295,8 @@ def render_worker_pod(
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "enableServiceLinks": False,
         "affinity": {"nodeAffinity": node_affinity(pool, zone)},
-        "tolerations": _tolerations(pool),
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RUN_AS_USER,
-            "runAsGroup": RUN_AS_USER,
-            "fsGroup": RUN_AS_USER,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "tolerations": gpu_tolerations(bool(pool.status.spot)),
+        "securityContext": pod_security_context(),
         "containers": [
             {
                 "name": "trainer",
@@ -300,10 +310,7 @@ def render_worker_pod(
                     "limits": {"memory": trainer.memory, GPU_RESOURCE: gpus},
                 },
                 "volumeMounts": mounts,
-                "securityContext": {
-                    "allowPrivilegeEscalation": False,
-                    "capabilities": {"drop": ["ALL"]},
-                },
+                "securityContext": container_security_context(),
             }
         ],
         "volumes": volumes,
