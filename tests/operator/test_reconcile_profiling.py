@@ -3,6 +3,7 @@ asks the handler to collect, and what it says when profiling fails. Pure: no clu
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -54,7 +55,7 @@ def needs_of(job: TrainingJob, pools: tuple[GPUPool, ...], catalog: Catalog) -> 
     )
 
 
-def measured_for(needs: tuple[Need, ...], catalog: Catalog) -> ProfileSet:
+def measured_for(needs: tuple[Need, ...]) -> ProfileSet:
     """One measured profile per need: what a successful profiling run stores."""
     compute, network = [], []
     for need in needs:
@@ -162,7 +163,7 @@ def test_succeeded_jobs_are_collected_then_the_job_plans_with_measured_profiles(
     # The handler stored the results: the job plans, from measured profiles only.
     job = job.model_copy(update={"status": collected.status})
     planner = RecordingPlanner(Planned(best=make_plan(catalog)))
-    measured = measured_for(needs, catalog)
+    measured = measured_for(needs)
     planned = reconcile(
         Observed(job=job, pools=pools, profiling_jobs=done, measured=measured),
         planner,
@@ -186,14 +187,12 @@ def test_a_failed_profiling_job_stops_required_with_its_reason_and_a_way_out(
     job = job.model_copy(update={"status": first.status})
     jobs = list(as_observed_jobs(first.create, "Complete"))
     broken = jobs[0]
-    jobs[0] = broken.__class__(
-        name=broken.name,
-        need=broken.need,
-        rank=broken.rank,
+    jobs[0] = dataclasses.replace(
+        broken,
+        complete=False,
         failed=True,
         reason="BackoffLimitExceeded",
         message="Job has reached the specified backoff limit",
-        owner_uid=broken.owner_uid,
     )
     outcome = reconcile(
         Observed(job=job, pools=pools, profiling_jobs=tuple(jobs)), never, catalog, NOW
@@ -271,7 +270,7 @@ def test_profiling_jobs_of_an_earlier_job_with_the_same_name_are_ignored(
     planner = RecordingPlanner(Planned(best=make_plan(catalog, estimated=True)))
     first = reconcile(Observed(job=job, pools=pools), planner, catalog, NOW)
     stale = tuple(
-        j.__class__(**(j.__dict__ | {"owner_uid": "uid-of-an-earlier-job"}))
+        dataclasses.replace(j, owner_uid="uid-of-an-earlier-job")
         for j in as_observed_jobs(first.create, "Complete")
     )
     outcome = reconcile(Observed(job=job, pools=pools, profiling_jobs=stale), planner, catalog, NOW)
