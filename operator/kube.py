@@ -163,32 +163,27 @@ class Kube:
         self.core.replace_namespaced_config_map(meta["name"], meta["namespace"], body)
         return False
 
-    def delete_pod(self, namespace: str, name: str) -> None:
+    @staticmethod
+    def _unless_gone(call: Callable[..., Any], *args: Any) -> None:
+        """Run a write on an object that may have been deleted meanwhile: 404 is not an error."""
         try:
-            self.core.delete_namespaced_pod(name, namespace)
+            call(*args)
         except ApiException as error:
             if error.status != 404:
                 raise
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        self._unless_gone(self.core.delete_namespaced_pod, name, namespace)
 
     def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
-        """Merge `annotations` into a pod's; a pod gone meanwhile is not an error."""
-        try:
-            self.core.patch_namespaced_pod(
-                name, namespace, {"metadata": {"annotations": annotations}}
-            )
-        except ApiException as error:
-            if error.status != 404:
-                raise
+        """Merge `annotations` into a pod's."""
+        patch = {"metadata": {"annotations": annotations}}
+        self._unless_gone(self.core.patch_namespaced_pod, name, namespace, patch)
 
     def annotate_batch_job(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
-        """Merge `annotations` into a batch/v1 Job's; a Job gone meanwhile is not an error."""
-        try:
-            self.batch.patch_namespaced_job(
-                name, namespace, {"metadata": {"annotations": annotations}}
-            )
-        except ApiException as error:
-            if error.status != 404:
-                raise
+        """Merge `annotations` into a batch/v1 Job's."""
+        patch = {"metadata": {"annotations": annotations}}
+        self._unless_gone(self.batch.patch_namespaced_job, name, namespace, patch)
 
     def patch_job_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         self.custom.patch_namespaced_custom_object_status(
