@@ -27,7 +27,7 @@ ENV PATH=/opt/venv/bin:$PATH \
 # Numeric non-root user (what runAsNonRoot can verify); no home, no shell needed.
 USER 65532:65532
 EXPOSE 8080 9090
-# The operator's own command set (crds, operator run, demo): it does not depend on the
+# The operator's own command set (crds, operator run, profiles): it does not depend on the
 # planner/cluster CLI commands importing cleanly.
 ENTRYPOINT ["python", "-m", "sailplan.operator"]
 CMD ["operator", "run"]

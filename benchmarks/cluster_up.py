@@ -24,9 +24,9 @@ from kubernetes import client
 from rich.console import Console
 from rich.table import Table
 
-from sailplan.operator.localcluster import build
-from sailplan.operator.localcluster.cluster import LocalCluster
-from sailplan.operator.localcluster.nodes import generate_node_file, load_node_file
+from sailplan_dev.localcluster import build
+from sailplan_dev.localcluster.cluster import LocalCluster
+from sailplan_dev.localcluster.nodes import generate_node_file, load_node_file
 
 
 def _pod() -> dict[str, Any]:

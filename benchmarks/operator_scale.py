@@ -1,7 +1,7 @@
 """Operator scale: a 64-worker TrainingJob on a 500-node fake GKE cluster.
 
 Measures, on the local control plane (etcd, kube-apiserver, scheduler, controller manager,
-kwok; `sailplan.operator.localcluster`):
+kwok; `sailplan_dev.localcluster`):
   - operator start to indices filled and GPUPool statuses written (500 nodes watched),
   - operator start to all worker pods created, and to all of them Running (bound by the
     kube-scheduler to nodes of the planned pools and zones, marked Running by kwok),
@@ -32,12 +32,12 @@ from rich.table import Table
 
 from sailplan.operator.api.common import GROUP, VERSION
 from sailplan.operator.api.trainingjob import TrainingJob
-from sailplan.operator.apply import apply
-from sailplan.operator.localcluster.cluster import LocalCluster
-from sailplan.operator.localcluster.nodes import NodeFile, generate_node_file
 from sailplan.operator.reconcile.children import render_configmap
 from sailplan.planner.catalog import default_catalog
 from sailplan.planner.plan import Plan, Replica, Stage
+from sailplan_dev.apply import apply
+from sailplan_dev.localcluster.cluster import LocalCluster
+from sailplan_dev.localcluster.nodes import NodeFile, generate_node_file
 
 # The tests' operator subprocess and wait loop, so the benchmark runs the operator as they do.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

@@ -106,7 +106,7 @@ def main() -> None:
     parser.add_argument("--kubeconfig", type=Path, default=None)
     args = parser.parse_args()
     console = Console()
-    from sailplan.operator.localcluster.cluster import LocalCluster
+    from sailplan_dev.localcluster.cluster import LocalCluster
 
     cluster = (
         LocalCluster.attach(args.kubeconfig)

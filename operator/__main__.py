@@ -1,4 +1,4 @@
-"""`python -m sailplan.operator ...`: the operator's own commands (crds, operator run, demo).
+"""`python -m sailplan.operator ...`: the operator's own commands (crds, operator run, profiles).
 
 The demo and the tests spawn the operator this way: it does not depend on the console
 script being on PATH, nor on every other subsystem's commands importing cleanly.

@@ -2,7 +2,7 @@
 
 Backends (`--cluster=`):
   local     (default) a loopback control plane built from Go modules, with GKE-like kwok
-            nodes (sailplan.operator.localcluster). One cluster per pytest process, named
+            nodes (sailplan_dev.localcluster). One cluster per pytest process, named
             after its pid so concurrent sessions do not share or delete each other's cluster;
             torn down at the end. With SAILPLAN_TEST_KUBECONFIG set, that running cluster is
             reused instead and left running (fast edit-test loop: `sailplan cluster up`, then
@@ -69,7 +69,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     if not any(item.get_closest_marker("cluster") for item in session.items):
         return
-    from sailplan.operator.localcluster import build
+    from sailplan_dev.localcluster import build
 
     if not build.missing_binaries() or not build.go_available():
         return
@@ -106,7 +106,7 @@ def _pid_alive(pid: int) -> bool:
 
 def _delete_stale_test_clusters() -> None:
     """Remove clusters left by killed pytest sessions (named pytest-PID[-...])."""
-    from sailplan.operator.localcluster import kwokctl
+    from sailplan_dev.localcluster import kwokctl
 
     for name in kwokctl.list_clusters():
         match = re.match(r"pytest-(\d+)(-|$)", name)
@@ -115,8 +115,8 @@ def _delete_stale_test_clusters() -> None:
 
 
 def _local_backend() -> Iterator[_Backend]:
-    from sailplan.operator.localcluster import build
-    from sailplan.operator.localcluster.cluster import LocalCluster
+    from sailplan_dev.localcluster import build
+    from sailplan_dev.localcluster.cluster import LocalCluster
 
     reuse = os.environ.get("SAILPLAN_TEST_KUBECONFIG")
     if reuse:
@@ -176,7 +176,7 @@ def kubeconfig(_cluster_backend: _Backend) -> str:
 
 @pytest.fixture(scope="session")
 def k8s_api(kubeconfig: str) -> Iterator[Any]:
-    from sailplan.operator.localcluster.kubeconfig import api_client
+    from sailplan_dev.localcluster.kubeconfig import api_client
 
     api = api_client(Path(kubeconfig))
     try:

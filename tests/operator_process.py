@@ -22,7 +22,7 @@ from kubernetes.client.exceptions import ApiException
 from waiting import wait_for
 
 from sailplan.operator.api import crd
-from sailplan.operator.apply import apply
+from sailplan_dev.apply import apply
 
 ROOT = Path(__file__).resolve().parents[1]
 

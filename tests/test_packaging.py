@@ -55,3 +55,35 @@ def test_stdlib_operator_wins_from_the_repository_root() -> None:
         check=True,
     )
     assert not completed.stdout.strip().startswith(str(ROOT)), completed.stdout
+
+
+def test_development_package_lists_its_subpackages() -> None:
+    dev = ROOT / "dev"
+    config = tomllib.loads((dev / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = {
+        ".".join(init.parent.relative_to(dev).parts)
+        for init in (dev / "sailplan_dev").rglob("__init__.py")
+    }
+    assert set(config["packages"]) == found
+
+
+def test_product_carries_no_development_code() -> None:
+    """The local cluster, its kubelet emulator and the demo live in sailplan-dev: neither the
+    product wheel (its explicit package list), its dependencies, nor the operator image (what
+    the Dockerfile copies) may hold them."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    package_dir: dict[str, str] = _setuptools_config()["package-dir"]  # type: ignore[assignment]
+    assert not any(d.startswith("dev") for d in package_dir.values())
+    listed: list[str] = _setuptools_config()["packages"]  # type: ignore[assignment]
+    assert not [p for p in listed if "localcluster" in p or "dev" in p.split(".")]
+    requirements = [*project["dependencies"]]
+    for extra in project["optional-dependencies"].values():
+        requirements += extra
+    # cryptography was needed only by the pod runner's TLS log endpoint.
+    assert not [r for r in requirements if r.startswith(("cryptography", "pytest", "ruff"))]
+    copied = [
+        line.split()[1]
+        for line in (ROOT / "Dockerfile").read_text().splitlines()
+        if line.startswith("COPY ") and "--from" not in line
+    ]
+    assert copied and not [c for c in copied if c.startswith("dev")]

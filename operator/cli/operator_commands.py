@@ -1,8 +1,8 @@
-"""`sailplan crds`, `sailplan operator run`, `sailplan demo` and `sailplan profiles import`.
+"""`sailplan crds`, `sailplan operator run` and `sailplan profiles import`.
 
 Thin edge: options in, one-line errors with exit code 2 out; the work is in
 sailplan.operator.api.crd (CRD rendering), sailplan.operator.handlers (the operator) and
-sailplan.operator.demo (the quickstart).
+sailplan.operator.profiling.importing (the profile store import).
 """
 
 from __future__ import annotations
@@ -143,31 +143,6 @@ def _api_client(kubeconfig: Path | None) -> ApiClient:
         raise _fail(f"no Kubernetes credentials: {error}") from error
 
 
-def demo_command(
-    kubeconfig: Annotated[
-        Path | None,
-        typer.Option(help="default: the `sailplan cluster up` cluster, else $KUBECONFIG"),
-    ] = None,
-    timeout: Annotated[float, typer.Option(help="seconds to wait for Running")] = 180.0,
-    keep_operator: Annotated[
-        bool, typer.Option(help="leave the operator running in the foreground afterwards")
-    ] = False,
-    preempt: Annotated[
-        bool,
-        typer.Option(help="then preempt worker 0's node (local cluster) and show the replan"),
-    ] = False,
-) -> None:
-    """Install the CRDs, start the operator, apply the examples and show where pods landed."""
-    from sailplan.operator.demo import DemoError, run_demo
-
-    try:
-        run_demo(
-            kubeconfig=kubeconfig, timeout_s=timeout, keep_operator=keep_operator, preempt=preempt
-        )
-    except DemoError as error:
-        raise _fail(str(error)) from error
-
-
 profiles_app = typer.Typer(help="Manage the operator's profile store.", no_args_is_help=True)
 
 
@@ -231,6 +206,5 @@ def profiles_import_command(
 
 def register(app: typer.Typer) -> None:
     app.command("crds")(crds_command)
-    app.command("demo")(demo_command)
     app.add_typer(operator_app, name="operator")
     app.add_typer(profiles_app, name="profiles")

@@ -24,11 +24,11 @@ from kubernetes import client
 from typer.testing import CliRunner
 from waiting import wait_for
 
-from sailplan.operator.cli.cluster import register
-from sailplan.operator.localcluster import build, kwokctl
-from sailplan.operator.localcluster.cluster import LocalCluster
-from sailplan.operator.localcluster.kubeconfig import server
-from sailplan.operator.localcluster.nodes import load_node_file
+from sailplan_dev.cli import register
+from sailplan_dev.localcluster import build, kwokctl
+from sailplan_dev.localcluster.cluster import LocalCluster
+from sailplan_dev.localcluster.kubeconfig import server
+from sailplan_dev.localcluster.nodes import load_node_file
 
 pytestmark = pytest.mark.cluster
 
@@ -37,7 +37,7 @@ GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSc
 
 def _default_file() -> dict[str, Any]:
     text = (
-        resources.files("sailplan.operator.localcluster")
+        resources.files("sailplan_dev.localcluster")
         .joinpath("data", "gke-default.yaml")
         .read_text()
     )

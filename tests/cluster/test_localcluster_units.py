@@ -13,9 +13,9 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from sailplan.operator.cli.cluster import register
-from sailplan.operator.localcluster import build, kwokctl
-from sailplan.operator.localcluster.nodes import (
+from sailplan_dev.cli import register
+from sailplan_dev.localcluster import build, kwokctl
+from sailplan_dev.localcluster.nodes import (
     ACCELERATOR_LABEL,
     GPU_RESOURCE,
     MANAGER_LABEL,

@@ -13,7 +13,7 @@ import pytest
 from replan_harness import Cluster, replan_cluster
 from runner_harness import pod_runner
 
-from sailplan.operator.localcluster.podrunner import PodRunner
+from sailplan_dev.localcluster.podrunner import PodRunner
 
 
 @pytest.fixture

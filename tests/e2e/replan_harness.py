@@ -28,10 +28,10 @@ from waiting import wait_for
 
 from sailplan.operator.api.common import GROUP, VERSION
 from sailplan.operator.api.trainingjob import CustomModel, TrainingJob
-from sailplan.operator.localcluster.podrunner import PodRunner
 from sailplan.operator.reconcile import naming
 from sailplan.operator.reconcile.children import trainer_config
 from sailplan.planner.plan import Plan, Replica, Stage
+from sailplan_dev.localcluster.podrunner import PodRunner
 
 # About 40 ms a step on a CPU: long enough to act mid-run, short enough for CI.
 STEPS = 400

@@ -20,8 +20,8 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from trainer_harness import TINY
 
-from sailplan.operator.localcluster.nodes import NodePool
-from sailplan.operator.localcluster.podrunner import PodRunner, runner_node_manifest
+from sailplan_dev.localcluster.nodes import NodePool
+from sailplan_dev.localcluster.podrunner import PodRunner, runner_node_manifest
 
 __all__ = ["TINY", "add_runner_node", "events_of", "log_of", "pod_runner", "worker_log_tails"]
 

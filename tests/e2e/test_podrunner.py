@@ -23,8 +23,8 @@ import pytest
 from kubernetes import client
 from waiting import wait_for
 
-from sailplan.operator.localcluster.nodes import NODEPOOL_LABEL, NodePool, node_manifest
-from sailplan.operator.localcluster.podrunner import PodRunner, runner_node_manifest
+from sailplan_dev.localcluster.nodes import NODEPOOL_LABEL, NodePool, node_manifest
+from sailplan_dev.localcluster.podrunner import PodRunner, runner_node_manifest
 
 pytestmark = pytest.mark.cluster
 

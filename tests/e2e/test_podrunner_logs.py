@@ -23,7 +23,7 @@ from runner_harness import add_runner_node
 from test_podrunner import ZONE, Pods, RunnerNode
 from waiting import wait_for
 
-from sailplan.operator.localcluster.podrunner import PodRunner
+from sailplan_dev.localcluster.podrunner import PodRunner
 
 pytestmark = pytest.mark.cluster
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sailplan.operator.localcluster import podrunner_logs as logs
+from sailplan_dev.localcluster import podrunner_logs as logs
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,8 @@ from typing import Any, TypedDict
 
 import pytest
 
-from sailplan.operator.localcluster import podrunner_pod as podspec
-from sailplan.operator.localcluster import podrunner_status as podstatus
+from sailplan_dev.localcluster import podrunner_pod as podspec
+from sailplan_dev.localcluster import podrunner_status as podstatus
 
 
 class FakeSources:

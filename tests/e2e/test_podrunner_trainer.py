@@ -23,10 +23,10 @@ from waiting import wait_for
 
 from sailplan.operator.api.gpupool import GPUPool
 from sailplan.operator.api.trainingjob import TrainingJob
-from sailplan.operator.localcluster.podrunner import PodRunner
 from sailplan.operator.reconcile import naming
 from sailplan.operator.reconcile.children import desired_children
 from sailplan.planner.plan import Plan, Replica, Stage
+from sailplan_dev.localcluster.podrunner import PodRunner
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 

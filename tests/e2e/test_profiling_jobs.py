@@ -24,12 +24,12 @@ from runner_harness import add_runner_node, events_of, log_of, worker_log_tails
 from waiting import wait_for
 
 from sailplan.operator.api.common import GROUP, VERSION
-from sailplan.operator.localcluster.podrunner import PodRunner
 from sailplan.operator.profilestore import parse_profile_configmaps
 from sailplan.operator.profiling.jobs import LABEL_NEED, LABEL_RANK, ROLE_PROFILER
 from sailplan.operator.profiling.needs import key_id
 from sailplan.operator.profiling.results import SOURCE_ANNOTATION
 from sailplan.operator.reconcile import naming
+from sailplan_dev.localcluster.podrunner import PodRunner
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.slow]
 

@@ -25,9 +25,9 @@ from operator_process import (
 from waiting import wait_for
 
 from sailplan.operator.api.common import GROUP, VERSION
-from sailplan.operator.apply import apply, load_documents
-from sailplan.operator.demo import for_fake_nodes
 from sailplan.operator.reconcile.trainingjob import observed_plan
+from sailplan_dev.apply import apply, load_documents
+from sailplan_dev.demo import for_fake_nodes
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -467,7 +467,7 @@ def test_gpupool_status_follows_node_cordon_deletion_addition_and_notready(
 
 
 def _kubectl(kubeconfig: str, *args: str) -> subprocess.CompletedProcess[str]:
-    from sailplan.operator.localcluster import build
+    from sailplan_dev.localcluster import build
 
     binary = build.bin_dir() / "kubectl"
     if not binary.exists():

@@ -1,7 +1,10 @@
-"""`sailplan cluster build|up|down|env|status`: the local control plane from the command line.
+"""`sailplan cluster build|up|down|env|status` and `sailplan demo`: the development commands.
 
-Thin edge over sailplan.operator.localcluster: parses options, turns its errors into one-line
-messages with exit code 2, prints what happened and how long it took.
+They are not part of the product: the `sailplan` command of the product loads them through
+the `sailplan.commands` entry point that this distribution (sailplan-dev) declares, so they
+exist only where the development package is installed. Thin edge over
+sailplan_dev.localcluster and sailplan_dev.demo: parses options, turns their errors into
+one-line messages with exit code 2, prints what happened and how long it took.
 """
 
 from __future__ import annotations
@@ -13,10 +16,10 @@ from typing import Annotated
 import typer
 from kubernetes.client import ApiException
 
-from sailplan.operator.localcluster import build, kwokctl
-from sailplan.operator.localcluster.cluster import DEFAULT_NAME, ClusterError, LocalCluster
-from sailplan.operator.localcluster.kubeconfig import export_line, server
-from sailplan.operator.localcluster.nodes import NodeFileError, load_node_file
+from sailplan_dev.localcluster import build, kwokctl
+from sailplan_dev.localcluster.cluster import DEFAULT_NAME, ClusterError, LocalCluster
+from sailplan_dev.localcluster.kubeconfig import export_line, server
+from sailplan_dev.localcluster.nodes import NodeFileError, load_node_file
 
 cluster_app = typer.Typer(
     help="A real local Kubernetes control plane (etcd, API server, scheduler, controller "
@@ -125,5 +128,32 @@ def status_command(name: NameOption = DEFAULT_NAME) -> None:
     typer.echo(f"kubeconfig: {cluster.kubeconfig}")
 
 
+def demo_command(
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option(help="default: the `sailplan cluster up` cluster, else $KUBECONFIG"),
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for Running")] = 180.0,
+    keep_operator: Annotated[
+        bool, typer.Option(help="leave the operator running in the foreground afterwards")
+    ] = False,
+    preempt: Annotated[
+        bool,
+        typer.Option(help="then preempt worker 0's node (local cluster) and show the replan"),
+    ] = False,
+) -> None:
+    """Install the CRDs, start the operator, apply the examples and show where pods landed."""
+    from sailplan_dev.demo import DemoError, run_demo
+
+    try:
+        run_demo(
+            kubeconfig=kubeconfig, timeout_s=timeout, keep_operator=keep_operator, preempt=preempt
+        )
+    except DemoError as error:
+        raise _fail(str(error)) from error
+
+
 def register(app: typer.Typer) -> None:
+    """Entry point `sailplan.commands: dev`: mounts the development commands on `sailplan`."""
     app.add_typer(cluster_app, name="cluster")
+    app.command("demo")(demo_command)

@@ -26,13 +26,13 @@ from rich.table import Table
 from urllib3.exceptions import HTTPError
 
 from sailplan.operator.api import crd
-from sailplan.operator.apply import apply, load_documents
 from sailplan.operator.kube import Kube
 from sailplan.operator.reconcile import naming
 from sailplan.operator.reconcile.trainingjob import observed_plan
 from sailplan.planner.plan import Plan
+from sailplan_dev.apply import apply, load_documents
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
 DEMO_NAMESPACE = "sailplan-demo"
 DEMO_JOB = "opt-350m"
 _SETTLED = ("Running", "Unschedulable", "Invalid", "Failed", "Succeeded")
@@ -58,8 +58,8 @@ def _kubeconfig(explicit: Path | None) -> Path:
             raise DemoError(f"no kubeconfig at {explicit}")
         return explicit
     try:
-        from sailplan.operator.localcluster import kwokctl
-        from sailplan.operator.localcluster.cluster import DEFAULT_NAME
+        from sailplan_dev.localcluster import kwokctl
+        from sailplan_dev.localcluster.cluster import DEFAULT_NAME
 
         local = kwokctl.kubeconfig_path(DEFAULT_NAME)
         if local.exists():
@@ -262,7 +262,7 @@ def _preempt(
     log: Path,
 ) -> None:
     """Preempt worker 0's node and show the operator replanning onto what remains."""
-    from sailplan.operator.localcluster.cluster import LocalCluster
+    from sailplan_dev.localcluster.cluster import LocalCluster
 
     status = job.get("status") or {}
     if status.get("phase") != "Running":
