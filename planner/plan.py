@@ -135,7 +135,19 @@ class Plan(BaseModel):
     optimizer: Literal["adam", "sgd"] = "adam"
     global_batch_size: int = Field(ge=1)
     micro_batch_size: int = Field(ge=1)
-    num_micro_batches: int = Field(ge=1, description="per pipeline per iteration")
+    num_micro_batches: int = Field(
+        ge=1,
+        description="per pipeline per iteration; with pipeline_micro_batches, the largest of them",
+    )
+    pipeline_micro_batches: tuple[int, ...] | None = Field(
+        default=None,
+        description=(
+            "uneven data split (Metis' load balancer): micro-batches of each pipeline (one "
+            "entry per data-parallel replica, pipeline r = replica r of every stage) when "
+            "replicas of different speed get different shares of the global batch; None = "
+            "every pipeline runs num_micro_batches"
+        ),
+    )
     stages: tuple[Stage, ...] = Field(min_length=1)
     predictions: Predictions | None = None
     inputs: PlanInputs = PlanInputs()
@@ -166,6 +178,25 @@ class Plan(BaseModel):
             raise ValueError(
                 f"every stage needs the same number of replicas (one per pipeline), got {sorted(degrees)}"
             )
+        if self.pipeline_micro_batches is not None:
+            counts = self.pipeline_micro_batches
+            if len(counts) != self.data_parallel or min(counts) < 1:
+                raise ValueError(
+                    f"pipeline_micro_batches {list(counts)} needs one count >= 1 per pipeline "
+                    f"(data_parallel {self.data_parallel})"
+                )
+            if max(counts) != self.num_micro_batches:
+                raise ValueError(
+                    f"num_micro_batches {self.num_micro_batches} must be the largest of "
+                    f"pipeline_micro_batches {list(counts)}"
+                )
+            samples = self.micro_batch_size * sum(counts)
+            if samples != self.global_batch_size:
+                raise ValueError(
+                    f"micro_batch_size {self.micro_batch_size} x sum(pipeline_micro_batches "
+                    f"{list(counts)}) = {samples}, not global_batch_size {self.global_batch_size}"
+                )
+            return self
         samples = self.micro_batch_size * self.num_micro_batches * self.data_parallel
         if samples != self.global_batch_size:
             raise ValueError(
@@ -174,6 +205,17 @@ class Plan(BaseModel):
                 f"not global_batch_size {self.global_batch_size}"
             )
         return self
+
+    def micro_batches_of(self, pipeline: int) -> int:
+        """Micro-batches pipeline `pipeline` (replica index) runs per iteration."""
+        if self.pipeline_micro_batches is None:
+            return self.num_micro_batches
+        return self.pipeline_micro_batches[pipeline]
+
+    def first_sample_of(self, pipeline: int) -> int:
+        """Offset of the pipeline's first sample inside an iteration's global batch: pipeline
+        r takes the samples after those of pipelines 0..r-1."""
+        return self.micro_batch_size * sum(self.micro_batches_of(r) for r in range(pipeline))
 
     @property
     def data_parallel(self) -> int:
