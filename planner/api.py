@@ -49,6 +49,15 @@ class PlanRequest(BaseModel):
     micro_batch_sizes: tuple[int, ...] | None = Field(
         default=None, description="restrict the micro-batch sizes searched; None = all that divide"
     )
+    deadline_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "wall-clock budget of the search; when it runs out the search stops and returns "
+            "the best plans found so far (Planned.exhaustive = False), or Infeasible with code "
+            "SearchDeadline if it found none. None = search until the optimum is proven"
+        ),
+    )
 
     @model_validator(mode="after")
     def _has_gpus(self) -> PlanRequest:
@@ -67,6 +76,10 @@ class Planned(BaseModel):
     alternatives: tuple[Plan, ...] = ()
     plans_evaluated: int = 0
     search_seconds: float = 0.0
+    exhaustive: bool = Field(
+        default=True,
+        description="False when the deadline stopped the search: the best plan found so far",
+    )
 
 
 InfeasibleCode = Literal[
@@ -75,6 +88,7 @@ InfeasibleCode = Literal[
     "OverBudget",  # plans fit but none is within the budget
     "NoProfile",  # a GPU type has neither a measured nor an estimable profile
     "NoCapacity",  # no ready GPUs usable for this model
+    "SearchDeadline",  # the deadline ran out before any feasible plan was found
 ]
 
 

@@ -143,8 +143,17 @@ class _SpeedBound:
 class Search:
     """One search over one request; holds the shared context and caches."""
 
-    def __init__(self, request: PlanRequest, profiles: ProfileSet, catalog: Catalog) -> None:
+    def __init__(
+        self,
+        request: PlanRequest,
+        profiles: ProfileSet,
+        catalog: Catalog,
+        deadline: float | None = None,
+    ) -> None:
         self.request = request
+        # time.monotonic() after which no new DP starts and a running one stops
+        self.deadline = deadline
+        self.expired = False
         self.context = PlanningContext(
             model=request.model,
             cluster=request.cluster,
@@ -476,7 +485,7 @@ class Search:
                 triples.append((bound, mbs, dp, depth, index))
         triples.sort()
         for bound, mbs, dp, depth, index in triples:
-            if bound > self.top.kth() * (1 + 1e-9):
+            if bound > self.top.kth() * (1 + 1e-9) or self._out_of_time():
                 break
             _, _, keys, tables = prepared[index]
             # Until k plans are known the DP has no bar and prunes nothing: then first with
@@ -489,6 +498,11 @@ class Search:
                 if self.top.kth() <= guess:
                     continue
             self._solve(mbs, dp, depth, keys, tables)
+
+    def _out_of_time(self) -> bool:
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            self.expired = True
+        return self.expired
 
     def _priced_constraints(self) -> bool:
         o = self.request.objective
@@ -620,8 +634,12 @@ class Search:
             "split_lower": self._min_max_split(per_layer, depth),
             "stage_speed": lambda usage, r: speed.remaining(slot_keys, usage, r),
             "kind_allowed": kind_allowed if any(twins_of_kind) else None,
+            "expired": self._out_of_time if self.deadline is not None else None,
         }
-        results = stagedp.solve(limit=limit, **common)  # type: ignore[arg-type]
+        try:
+            results = stagedp.solve(limit=limit, **common)  # type: ignore[arg-type]
+        except stagedp.DeadlineReachedError:
+            return
         self.stats.evaluated += len(results)
         results.sort(key=lambda r: (r.time, r.usage, r.boundaries, r.kinds))
         for result in results:
@@ -666,9 +684,12 @@ class Search:
 
 
 def search(request: PlanRequest, profiles: ProfileSet, catalog: Catalog) -> PlanResult:
-    """Run the search and package the answer (see module docstring)."""
+    """Run the search and package the answer (see module docstring). With
+    request.deadline_seconds, the search stops when it runs out: the best plans found so far
+    come back with exhaustive=False."""
     started = time.perf_counter()
-    engine = Search(request, profiles, catalog)
+    deadline = time.monotonic() + request.deadline_seconds if request.deadline_seconds else None
+    engine = Search(request, profiles, catalog, deadline)
     if not engine.pools:
         return Infeasible(code="NoCapacity", reason="the cluster has no ready GPUs")
     if not engine.micro_batch_sizes():
@@ -681,8 +702,17 @@ def search(request: PlanRequest, profiles: ProfileSet, catalog: Catalog) -> Plan
             ),
         )
     plans = engine.run()
+    if not plans and engine.expired:
+        return Infeasible(
+            code="SearchDeadline",
+            reason=(
+                f"the search found no feasible plan within its deadline of "
+                f"{request.deadline_seconds:g} s ({engine.stats.dp_runs} stage DPs run); allow "
+                "more time, or narrow the search (max pipeline depth, fewer pools)"
+            ),
+        )
     if not plans:
-        return _explain_infeasible(request, profiles, catalog, engine)
+        return _explain_infeasible(request, profiles, catalog, engine, deadline)
     inputs = describe_inputs(plans, engine.context, request.cluster.content_hash())
     explained = reasons(plans, engine.goal)
     finished = [
@@ -694,11 +724,16 @@ def search(request: PlanRequest, profiles: ProfileSet, catalog: Catalog) -> Plan
         alternatives=tuple(finished[1:]),
         plans_evaluated=engine.stats.evaluated,
         search_seconds=time.perf_counter() - started,
+        exhaustive=not engine.expired,
     )
 
 
 def _explain_infeasible(
-    request: PlanRequest, profiles: ProfileSet, catalog: Catalog, engine: Search
+    request: PlanRequest,
+    profiles: ProfileSet,
+    catalog: Catalog,
+    engine: Search,
+    deadline: float | None = None,
 ) -> Infeasible:
     shortfall = engine.stats.memory_shortfall
     if shortfall is not None and shortfall > 0:
@@ -742,15 +777,19 @@ def _explain_infeasible(
                 "pipeline on the capacity there is)"
             ),
         )
+    # Two more searches say by how much the constraints miss; under a deadline they share
+    # what is left of it (their answers are then the best found, not proven optima).
     fastest = Search(
         request.model_copy(update={"objective": type(objective)(kind="throughput"), "top_k": 1}),
         profiles,
         catalog,
+        deadline,
     ).run()
     cheapest = Search(
         request.model_copy(update={"objective": type(objective)(kind="cost"), "top_k": 1}),
         profiles,
         catalog,
+        deadline,
     ).run()
     best_rate = (
         fastest[0].predictions.samples_per_second if fastest and fastest[0].predictions else None

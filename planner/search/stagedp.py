@@ -157,6 +157,10 @@ def _usage_entry(
     return bound, spreads
 
 
+class DeadlineReachedError(Exception):
+    """The caller's deadline ran out in the middle of a DP (see `expired`)."""
+
+
 def solve(
     *,
     num_layers: int,
@@ -175,6 +179,7 @@ def solve(
     split_lower: Sequence[Sequence[float]],
     stage_speed: Callable[[Usage, int], float],
     kind_allowed: Callable[[Usage, int], bool] | None = None,
+    expired: Callable[[], bool] | None = None,
 ) -> list[DPResult]:
     """Minimum iteration time per feasible (usage, last kind) for a P = depth pipeline.
 
@@ -189,7 +194,8 @@ def solve(
     (rest_heavy: the same sums over the layers the speed bound was computed on), and
     tail_lower[c] lower-bounds the tail of any stage of at least c layers, and
     split_lower[r][b] the slowest of r stages covering layers [b, L). kind_allowed(usage, k)
-    may forbid kind k after `usage` (the caller's symmetry breaking).
+    may forbid kind k after `usage` (the caller's symmetry breaking). expired() is asked
+    once per stage position; when it says so, DeadlineReachedError is raised.
     """
     m1 = micro_batches - 1
     # python lists: the loops below index single entries, much faster than numpy scalars
@@ -218,6 +224,8 @@ def solve(
         (0, zero, -1): [_Label(0.0, 0.0, 0.0, 0.0, None, 0, -1)]
     }
     for s in range(depth):
+        if expired is not None and expired():
+            raise DeadlineReachedError
         last_stage = s == depth - 1
         last_end = num_layers - (depth - s - 1)
         stages_after = depth - s - 1

@@ -303,3 +303,44 @@ def test_zone_spanning_stages_keep_each_pipeline_in_one_zone() -> None:
     first, second = placed
     assert all(a.zone == b.zone for a, b in zip(first, second, strict=True))
     assert sorted(Counter(r.zone for r in first).values()) == [8, 8, 8, 8]
+
+
+def test_a_search_past_its_deadline_returns_the_best_plan_found_so_far() -> None:
+    """A deadline that runs out mid-search keeps what was found and says it is not proven;
+    one that leaves no time at all finds nothing and says why."""
+    from sailplan.planner.cluster import ClusterSnapshot, Pool
+
+    catalog = default_catalog()
+    cluster = ClusterSnapshot(
+        pools=(
+            Pool(name="a100", gpu_type="A100-40", zone="us-central1-a", gpus_per_node=8, nodes=4),
+            Pool(name="v100", gpu_type="V100-16", zone="us-central1-a", gpus_per_node=8, nodes=12),
+        )
+    )
+    model = catalog.model("OPT-350M")
+    full = make_plan(
+        PlanRequest(model=model, global_batch_size=2048, cluster=cluster), None, catalog
+    )
+    assert isinstance(full, Planned) and full.exhaustive
+    none = make_plan(
+        PlanRequest(model=model, global_batch_size=2048, cluster=cluster, deadline_seconds=1e-9),
+        None,
+        catalog,
+    )
+    assert isinstance(none, Infeasible) and none.code == "SearchDeadline"
+    assert "deadline" in none.reason
+    budget = full.search_seconds / 4
+    cut = make_plan(
+        PlanRequest(model=model, global_batch_size=2048, cluster=cluster, deadline_seconds=budget),
+        None,
+        catalog,
+    )
+    if isinstance(cut, Planned):
+        # stopped early: never better than the proven optimum
+        assert not cut.exhaustive
+        assert (
+            cut.best.predictions.samples_per_second  # type: ignore[union-attr]
+            <= full.best.predictions.samples_per_second * (1 + 1e-9)  # type: ignore[union-attr]
+        )
+    else:
+        assert cut.code == "SearchDeadline"
