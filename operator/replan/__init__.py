@@ -15,7 +15,7 @@ How to call this from the TrainingJob reconcile (once a plan generation exists):
         pods=tuple(pods), nodes=<NodeInfo by name>, measured=observed.measured,
         cluster=triggers.capacity_snapshot(selected, pods, nodes),
     )
-    state = state.from_annotation(...) or machine.initial_state(job, gen, attempt, plan,
+    state = job.status.replan or machine.initial_state(job, gen, attempt, plan,
     #                                      cluster=<snapshot planned on>, measured=...)
     state, actions = machine.next_state(state, inputs, now, ReplanContext(make_plan, catalog))
     # 1. patch status: replan state, history (RecordHistory -> machine.history_entry),

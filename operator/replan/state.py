@@ -2,11 +2,12 @@
 
 A planned switch takes several passes (ask for a checkpoint, wait, delete, create), and the
 operator may restart between any two of them. Everything the state machine
-(replan.machine.next_state) needs to pick up where it stopped lives in this one model, so
-it can be written to the job's status (recommended CRD field `status.replan`) or, until
-the CRD has that field, to an annotation (to_annotation / from_annotation below).
+(replan.machine.next_state) needs to pick up where it stopped lives in this one model,
+stored in the TrainingJob's `status.replan` field (TrainingJobStatus.replan).
 
-Read by replan.machine; written back by the caller together with the status, in one patch.
+Read by replan.machine; written back by the TrainingJob reconcile together with the rest of
+the status, in one patch. to_annotation / from_annotation are its JSON text form (the tests'
+serialize/parse round trip); STATE_ANNOTATION is the annotation key an early version used.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from sailplan.operator.api.common import GROUP, StatusModel
 from sailplan.planner.cluster import ClusterSnapshot
 from sailplan.planner.plan import Plan
 
-# Where the state lives until the CRD has a status.replan field.
+# The annotation an early version kept the state in; the state now lives in status.replan.
 STATE_ANNOTATION: Final = f"{GROUP}/replan-state"
 
 ReplanPhase = Literal["Running", "Draining", "Switching", "Waiting", "Failed"]
