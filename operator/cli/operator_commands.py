@@ -1,7 +1,7 @@
 """`sailplan crds`, `sailplan operator run` and `sailplan profiles import`.
 
 Thin edge: options in, one-line errors with exit code 2 out; the work is in
-sailplan.operator.api.crd (CRD rendering), sailplan.operator.handlers (the operator) and
+sailplan.operator.api.crd (CRD rendering), sailplan.operator.controller (the operator) and
 sailplan.operator.profiling.importing (the profile store import).
 """
 
@@ -83,7 +83,7 @@ def run_command(  # noqa: PLR0917 (typer maps each parameter to an option)
     """Run the operator until interrupted (what the operator Deployment runs)."""
     import kopf
 
-    from sailplan.operator.handlers import OperatorConfig, build_registry
+    from sailplan.operator.controller import OperatorConfig, build_registry
     from sailplan.operator.replan.cost import RestartCostModel
     from sailplan.operator.replan.decision import ReplanConfig
     from sailplan.planner.catalog import CatalogError, default_catalog, load_catalog

@@ -1,4 +1,4 @@
-"""The handlers' scheduling helpers: one reconcile per job at a time, bursts coalesced."""
+"""The controller's scheduling helpers: one reconcile per job at a time, bursts coalesced."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from sailplan.operator import handlers
-from sailplan.operator.handlers import Coalesced, WorkQueue
+from sailplan.operator.controller import queue
+from sailplan.operator.controller.queue import Coalesced, WorkQueue
 
 
 def test_a_key_is_processed_once_per_burst_and_again_if_enqueued_meanwhile() -> None:
@@ -38,7 +38,7 @@ def test_a_key_is_processed_once_per_burst_and_again_if_enqueued_meanwhile() -> 
 
 
 def test_failed_reconciles_are_retried(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(handlers, "RETRY_SECONDS", 0.01)
+    monkeypatch.setattr(queue, "RETRY_SECONDS", 0.01)
     attempts: list[int] = []
 
     async def scenario() -> None:
@@ -47,9 +47,6 @@ def test_failed_reconciles_are_retried(monkeypatch: pytest.MonkeyPatch) -> None:
             if len(attempts) == 1:
                 raise RuntimeError("API server hiccup")
 
-        from sailplan.operator import handlers
-
-        handlers.RETRY_SECONDS = 0.01
         queue = WorkQueue(process)
         worker = asyncio.create_task(queue.work())
         queue.enqueue(("ns", "a"))

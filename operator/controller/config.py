@@ -1,0 +1,19 @@
+"""What `sailplan operator run` configures the controller with (sailplan.operator.cli)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sailplan.operator.replan.decision import ReplanConfig
+from sailplan.planner.catalog import Catalog
+
+
+@dataclass
+class OperatorConfig:
+    catalog: Catalog
+    namespaces: tuple[str, ...] = ()  # TrainingJob namespaces served; empty = all
+    profile_namespace: str = "sailplan-system"
+    metrics_port: int | None = None
+    workers: int = 4
+    resync_seconds: float = 60.0
+    replan: ReplanConfig = field(default_factory=ReplanConfig)

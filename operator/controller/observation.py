@@ -1,0 +1,131 @@
+"""Reading a TrainingJob and what surrounds it from the API server into `Observed`.
+
+The runtime (sailplan.operator.controller.runtime) calls these at the start of every
+reconcile pass. The job and its children are read fresh from the API server, not from a
+cache: the plan ConfigMaps and `status.replan` there are the truth about which plan is
+being rolled out. Nodes come from the Kopf index once it is filled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from sailplan.operator.api.gpupool import GPUPool
+from sailplan.operator.api.trainingjob import TrainingJob, TrainingJobStatus
+from sailplan.operator.kube import Kube
+from sailplan.operator.profilestore import parse_profile_configmaps
+from sailplan.operator.profiling.status import observed_job
+from sailplan.operator.reconcile.nodes import NodeInfo, node_info
+from sailplan.operator.reconcile.trainingjob import Observed, observed_plan, observed_pod
+
+log = logging.getLogger("sailplan.operator")
+
+
+def parse_pool(body: Mapping[str, Any]) -> GPUPool:
+    metadata = body.get("metadata") or {}
+    return GPUPool(
+        name=metadata.get("name", ""),
+        generation=metadata.get("generation", 0),
+        labels=metadata.get("labels") or {},
+        spec=body.get("spec") or {},
+        status=body.get("status") or {},
+    )
+
+
+@dataclass(frozen=True)
+class ParsedJob:
+    """A TrainingJob body as read: the model, or why its spec is invalid."""
+
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    raw_status: dict[str, Any]
+    old_status: TrainingJobStatus
+    job: TrainingJob | None
+    invalid: str = ""  # one line naming the field, when `job` is None
+
+
+def parse_job(namespace: str, name: str, body: Mapping[str, Any]) -> ParsedJob:
+    metadata = body["metadata"]
+    raw_status = body.get("status") or {}
+    try:
+        old_status = TrainingJobStatus.model_validate(raw_status)
+    except ValidationError:
+        old_status = TrainingJobStatus()
+    uid = metadata.get("uid", "")
+    generation = metadata.get("generation", 0)
+    try:
+        job = TrainingJob(
+            name=name,
+            namespace=namespace,
+            uid=uid,
+            generation=generation,
+            spec=body.get("spec") or {},
+            status=old_status,
+        )
+    except ValidationError as error:
+        # What the schema could not catch (e.g. a custom shape whose heads do not divide
+        # the hidden size) still gets a clear condition.
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return ParsedJob(
+            namespace,
+            name,
+            uid,
+            generation,
+            raw_status,
+            old_status,
+            None,
+            invalid=f"spec.{where}: {first['msg']}",
+        )
+    return ParsedJob(namespace, name, uid, generation, raw_status, old_status, job)
+
+
+async def read_pools(kube: Kube) -> tuple[GPUPool, ...]:
+    pools: list[GPUPool] = []
+    for pool_body in await asyncio.to_thread(kube.list_pools):
+        try:
+            pools.append(parse_pool(pool_body))
+        except ValidationError as error:
+            log.warning("GPUPool does not parse", extra={"error": str(error)})
+    return tuple(pools)
+
+
+async def read_nodes(kube: Kube, index: Mapping[str, Any] | None) -> dict[str, NodeInfo]:
+    """Every node by name: from the index once Kopf has filled it, else listed (a job
+    reconciled before the first node event must not take every node for gone)."""
+    if index is not None:
+        return {info.name: info for store in index.values() for info in store}
+    bodies = await asyncio.to_thread(kube.list_nodes)
+    return {info.name: info for info in map(node_info, bodies)}
+
+
+async def observe(
+    kube: Kube, job: TrainingJob, profile_namespace: str, nodes: dict[str, NodeInfo]
+) -> Observed:
+    """What the reconcile of `job` looks at, read from the API server now."""
+    namespace, name = job.namespace, job.name
+    pods, plans, service = await asyncio.to_thread(kube.list_job_children, namespace, name)
+    profiling_jobs = await asyncio.to_thread(kube.list_profiling_jobs, namespace, name)
+    # Always read: newly measured profiles are a reason to replan (policy Auto).
+    configmaps = await asyncio.to_thread(kube.list_profile_configmaps, profile_namespace)
+    measured, problems = parse_profile_configmaps(configmaps)
+    for problem in problems:
+        log.warning("profile store: document skipped", extra={"problem": problem})
+    return Observed(
+        job=job,
+        pools=await read_pools(kube),
+        plans=tuple(p for p in (observed_plan(cm) for cm in plans) if p is not None),
+        pods=tuple(p for p in (observed_pod(b) for b in pods) if p is not None),
+        service_exists=service,
+        measured=measured,
+        nodes=nodes,
+        profiling_jobs=tuple(j for j in (observed_job(b) for b in profiling_jobs) if j is not None),
+    )

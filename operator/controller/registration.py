@@ -1,0 +1,161 @@
+"""The Kopf registry of the operator: which watch events trigger what.
+
+`sailplan operator run` calls `build_registry` and hands the result to `kopf.run`. Handlers
+stay thin. Node, GPU-pod and GPUPool events refresh every GPUPool's status from Kopf
+indices (which Kopf fills completely before any handler runs, so a restarted operator
+never computes a status from a half-listed cluster). TrainingJob, profiling-Job and
+worker-pod events put the job on the runtime's work queue, so a failed or preempted worker
+is replanned for within a second.
+
+No finalizers: children are owned through ownerReferences and the garbage collector
+removes them, so deleting a job never waits on the operator being up.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+from kubernetes import client
+
+from sailplan.operator import metrics
+from sailplan.operator.api import gpupool as pool_api
+from sailplan.operator.api import trainingjob as job_api
+from sailplan.operator.api.common import GROUP
+from sailplan.operator.controller.config import OperatorConfig
+from sailplan.operator.controller.runtime import Runtime
+from sailplan.operator.kube import Kube
+from sailplan.operator.profiling.jobs import ROLE_PROFILER
+from sailplan.operator.reconcile import naming
+from sailplan.operator.reconcile.nodes import NodeInfo, node_info, pod_gpu_request, requested_gpus
+
+
+def connection_info(
+    configuration: client.Configuration, settings: kopf.OperatorSettings
+) -> kopf.ConnectionInfo:
+    header = configuration.get_api_key_with_prefix(
+        "BearerToken"
+    ) or configuration.get_api_key_with_prefix("authorization")
+    scheme, _, token = (header or "").rpartition(" ")
+    return kopf.ConnectionInfo(
+        server=configuration.host,
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        scheme=scheme or None,
+        token=token or None,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+        trust_env=settings.networking.trust_env,
+    )
+
+
+def _holds_gpus(body: kopf.Body, **_: Any) -> bool:
+    return requested_gpus(body) > 0
+
+
+def _serves(config: OperatorConfig, namespace: str | None) -> bool:
+    return not config.namespaces or namespace in config.namespaces
+
+
+def build_registry(config: OperatorConfig, api_client: client.ApiClient) -> kopf.OperatorRegistry:
+    """A Kopf registry with every handler of the operator, bound to `config`."""
+    registry = kopf.OperatorRegistry()
+    runtime = Runtime(config=config, kube=Kube(api_client))
+
+    @kopf.on.login(id="login", registry=registry)
+    def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
+        # Kopf's watches use exactly the credentials of our own client (not whatever the
+        # kubernetes package's global default happens to be).
+        return connection_info(api_client.configuration, settings)
+
+    @kopf.on.startup(id="startup", registry=registry)
+    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        # Discovery once at start instead of watching CRDs: one permission less.
+        settings.scanning.disabled = True
+        settings.posting.level = logging.WARNING
+        settings.watching.server_timeout = 300
+        if config.metrics_port:
+            metrics.serve(config.metrics_port)
+        runtime.start()
+
+    @kopf.on.cleanup(id="cleanup", registry=registry)
+    async def cleanup(**_: Any) -> None:
+        await runtime.stop()
+
+    # -- indices (filled before any handler runs) --------------------------------------
+    # Async on purpose: Kopf runs sync handlers in a thread pool, one hop per watch event,
+    # which is most of the cost of watching 500 nodes.
+    @kopf.index("nodes", id="nodes", registry=registry)
+    async def nodes(body: kopf.Body, name: str, **_: Any) -> dict[str, NodeInfo]:
+        return {name: node_info(body)}
+
+    @kopf.index("pods", id="gpus", registry=registry)
+    async def gpus(body: kopf.Body, **_: Any) -> dict[str, int]:
+        usage = pod_gpu_request(body)
+        # An empty mapping, not None: Kopf keeps an object's previous value when the index
+        # function returns None, so a pod that finished would hold its GPUs forever.
+        return {usage[0]: usage[1]} if usage else {}
+
+    @kopf.index(GROUP, pool_api.PLURAL, id="pools", registry=registry)
+    async def pools(body: kopf.Body, name: str, **_: Any) -> dict[str, dict[str, Any]]:
+        return {name: dict(body)}
+
+    async def kick_pools(kwargs: dict[str, Any]) -> None:
+        runtime.indices.update(nodes=kwargs["nodes"], gpus=kwargs["gpus"], pools=kwargs["pools"])
+        if runtime.pools is not None:
+            await runtime.pools.kick()
+
+    @kopf.on.event("nodes", id="node-changed", registry=registry)
+    async def node_changed(**kwargs: Any) -> None:
+        await kick_pools(kwargs)
+
+    @kopf.on.event("pods", id="gpu-pod-changed", registry=registry, when=_holds_gpus)
+    async def gpu_pod_changed(**kwargs: Any) -> None:
+        await kick_pools(kwargs)
+
+    @kopf.on.event(GROUP, pool_api.PLURAL, id="gpupool-changed", registry=registry)
+    async def pool_changed(**kwargs: Any) -> None:
+        await kick_pools(kwargs)
+
+    # -- TrainingJobs ------------------------------------------------------------------
+    @kopf.on.event(
+        GROUP,
+        job_api.PLURAL,
+        id="trainingjob-changed",
+        registry=registry,
+        when=lambda namespace, **_: _serves(config, namespace),
+    )
+    async def job_changed(type: str, name: str, namespace: str | None, **_: Any) -> None:
+        key = (namespace or "", name)
+        if type == "DELETED":
+            runtime.forget_job(key)
+            return
+        runtime.jobs.add(key)
+        if runtime.queue is not None:
+            runtime.queue.enqueue(key)
+
+    @kopf.on.event(
+        "batch",
+        "jobs",
+        id="profiling-job-changed",
+        registry=registry,
+        labels={naming.LABEL_JOB: kopf.PRESENT, naming.LABEL_ROLE: ROLE_PROFILER},
+        when=lambda namespace, **_: _serves(config, namespace),
+    )
+    async def profiling_job_changed(labels: kopf.Labels, namespace: str | None, **_: Any) -> None:
+        if runtime.queue is not None:
+            runtime.queue.enqueue((namespace or "", labels[naming.LABEL_JOB]))
+
+    @kopf.on.event(
+        "pods",
+        id="worker-pod-changed",
+        registry=registry,
+        labels={naming.LABEL_JOB: kopf.PRESENT, naming.LABEL_ROLE: naming.ROLE_WORKER},
+        when=lambda namespace, **_: _serves(config, namespace),
+    )
+    async def worker_changed(labels: kopf.Labels, namespace: str | None, **_: Any) -> None:
+        if runtime.queue is not None:
+            runtime.queue.enqueue((namespace or "", labels[naming.LABEL_JOB]))
+
+    return registry

@@ -1,0 +1,210 @@
+"""What the Kopf handlers share: the reconcile pass, the GPUPool refresh, background tasks.
+
+Registration (sailplan.operator.controller.registration) builds one `Runtime` per operator
+and its handlers call into it. A TrainingJob pass reads the job fresh (observation), calls
+the pure `reconcile` with the catalog-bound planner, and writes what it returns (apply).
+The GPUPool refresh recomputes every pool's status from the Kopf indices and wakes every
+job when capacity changed. Nothing the operator needs to survive a restart lives here: the
+queue and the indices are rebuilt from the cluster on start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from sailplan.operator import metrics
+from sailplan.operator.api import gpupool as pool_api
+from sailplan.operator.api import trainingjob as job_api
+from sailplan.operator.controller.apply import JobRef, apply_outcome, collect_results
+from sailplan.operator.controller.config import OperatorConfig
+from sailplan.operator.controller.observation import (
+    observe,
+    parse_job,
+    parse_pool,
+    read_nodes,
+)
+from sailplan.operator.controller.queue import Coalesced, JobKey, WorkQueue
+from sailplan.operator.kube import Kube
+from sailplan.operator.planning import planner_for
+from sailplan.operator.reconcile.gpupool import pool_status
+from sailplan.operator.reconcile.nodes import NodeInfo
+from sailplan.operator.reconcile.trainingjob import Outcome, invalid_status, merge_patch, reconcile
+from sailplan.planner.api import Infeasible, PlanRequest, PlanResult
+from sailplan.planner.profiles.types import ProfileSet
+
+log = logging.getLogger("sailplan.operator")
+
+
+def _now() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+@dataclass
+class Runtime:
+    """What the handlers share: the client, the queue, and the catalog-bound planner."""
+
+    config: OperatorConfig
+    kube: Kube
+    jobs: set[JobKey] = field(default_factory=set)
+    pod_phases: dict[JobKey, dict[str, int]] = field(default_factory=dict)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    queue: WorkQueue | None = None
+    pools: Coalesced | None = None
+    indices: dict[str, Any] = field(default_factory=dict)
+
+    # -- planner with metrics ------------------------------------------------------------
+    def plan(self, request: PlanRequest, measured: ProfileSet) -> PlanResult:
+        started = time.perf_counter()
+        try:
+            result = planner_for(self.config.catalog)(request, measured)
+        except Exception:
+            metrics.PLANS.labels(result="error").inc()
+            raise
+        finally:
+            metrics.PLANNING_SECONDS.observe(time.perf_counter() - started)
+        metrics.PLANS.labels(
+            result="infeasible" if isinstance(result, Infeasible) else "planned"
+        ).inc()
+        return result
+
+    # -- GPUPools ------------------------------------------------------------------------
+    async def refresh_pools(self) -> None:
+        nodes_index = self.indices.get("nodes")
+        gpu_index = self.indices.get("gpus")
+        pools_index = self.indices.get("pools")
+        if nodes_index is None or gpu_index is None or pools_index is None:
+            return
+        nodes: list[NodeInfo] = [info for store in nodes_index.values() for info in store]
+        in_use = {node: sum(store) for node, store in gpu_index.items()}
+        now = _now()
+        changed = False
+        for name, store in sorted(pools_index.items()):
+            for body in store:
+                try:
+                    pool = parse_pool(body)
+                except ValidationError as error:
+                    log.warning(
+                        "GPUPool does not parse", extra={"gpupool": name, "error": str(error)}
+                    )
+                    continue
+                status = pool_status(pool, nodes, in_use, self.config.catalog, now)
+                if status == pool.status:
+                    continue
+                patch = merge_patch(
+                    pool.status.model_dump(mode="json", by_alias=True, exclude_none=True),
+                    status.model_dump(mode="json", by_alias=True, exclude_none=True),
+                )
+                try:
+                    await asyncio.to_thread(self.kube.patch_pool_status, name, patch)
+                except ApiException as error:
+                    # One pool (e.g. deleted meanwhile) must not keep the others stale.
+                    log.warning(
+                        "GPUPool status not written",
+                        extra={"gpupool": name, "status_code": error.status},
+                    )
+                    metrics.RECONCILES.labels(kind=pool_api.KIND, result="error").inc()
+                    continue
+                metrics.RECONCILES.labels(kind=pool_api.KIND, result="ok").inc()
+                changed = True
+        if changed:
+            # Capacity changed: jobs waiting for GPUs may now plan.
+            self.wake_all_jobs()
+
+    def wake_all_jobs(self) -> None:
+        if self.queue is not None:
+            for key in sorted(self.jobs):
+                self.queue.enqueue(key)
+
+    # -- TrainingJobs --------------------------------------------------------------------
+    def forget_job(self, key: JobKey) -> None:
+        self.jobs.discard(key)
+        self.pod_phases.pop(key, None)
+        metrics.publish_pod_phases(self.pod_phases.values())
+
+    def _requeue_later(self, key: JobKey) -> Callable[[float], None]:
+        def requeue_after(seconds: float) -> None:
+            if self.queue is not None:
+                asyncio.get_running_loop().call_later(seconds, self.queue.enqueue, key)
+
+        return requeue_after
+
+    async def reconcile_job(self, key: JobKey) -> None:
+        namespace, name = key
+        body = await asyncio.to_thread(self.kube.get_job, namespace, name)
+        if body is None:
+            self.forget_job(key)
+            return
+        now = _now()
+        parsed = parse_job(namespace, name, body)
+        ref = JobRef(namespace, name, parsed.uid)
+        if parsed.job is None:
+            status = invalid_status(
+                parsed.old_status,
+                parsed.generation,
+                job_api.REASON_INVALID_SPEC,
+                parsed.invalid,
+                now,
+            )
+            await apply_outcome(
+                self.kube,
+                ref,
+                raw_status=parsed.raw_status,
+                outcome=Outcome(status=status),
+                now=now,
+                requeue_after=self._requeue_later(key),
+            )
+            return
+        nodes = await read_nodes(self.kube, self.indices.get("nodes"))
+        observed = await observe(self.kube, parsed.job, self.config.profile_namespace, nodes)
+        outcome = await asyncio.to_thread(
+            reconcile, observed, self.plan, self.config.catalog, now, self.config.replan
+        )
+        await apply_outcome(
+            self.kube,
+            ref,
+            raw_status=parsed.raw_status,
+            outcome=outcome,
+            now=now,
+            requeue_after=self._requeue_later(key),
+        )
+        if outcome.collect and await collect_results(
+            self.kube, ref, outcome.collect, self.config.profile_namespace, now
+        ):
+            self.wake_all_jobs()
+        workers = outcome.status.workers
+        self.pod_phases[key] = {
+            "Pending": workers.pending,
+            "Running": workers.running,
+            "Succeeded": workers.succeeded,
+            "Failed": workers.failed,
+        }
+        metrics.publish_pod_phases(self.pod_phases.values())
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        self.queue = WorkQueue(self.reconcile_job)
+        self.pools = Coalesced(self.refresh_pools)
+        self.tasks = [asyncio.create_task(self.queue.work()) for _ in range(self.config.workers)]
+        self.tasks.append(asyncio.create_task(self._resync()))
+
+    async def _resync(self) -> None:
+        # Level-triggered safety net: whatever a missed event left behind is fixed here.
+        while True:
+            await asyncio.sleep(self.config.resync_seconds)
+            self.wake_all_jobs()
+            if self.pools is not None:
+                await self.pools.kick()
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
