@@ -1,19 +1,327 @@
-"""Binds the planner's front door to the operator's reconcile.
+"""The planning service: plan searches in worker processes, off the operator's event loop.
 
-`make_plan(request, measured_profiles, catalog)` is the planner's one entry point
-(sailplan.planner.api); the reconcile functions take a two-argument `Planner`, so tests can
-hand them a planner of their own and the handler binds the catalog once here.
+A search for a large model over several pools can run for minutes and take gigabytes; in
+the operator's own process it held a core, grew its memory and kept it from exiting on
+SIGTERM. Here every search runs in a process of its own (multiprocessing, forkserver
+context, so the child is not a fork of a process with an event loop and threads), at most
+`max_searches` at a time, and the operator process only waits on a pipe.
+
+`planner(job)` binds the service to one TrainingJob (namespace, name, uid) as the
+`Planner` the pure reconcile takes (sailplan.operator.search). Asked for a plan, it answers
+at once: the cached answer when a search for the same request (and measured profiles)
+finished, else `Searching` while the search runs. A different request for the same job
+(spec edit, changed capacity) terminates the old search's process; `cancel(...)` does so
+when the job is deleted. Every search carries a deadline (the request's, else
+`default_deadline_seconds`) which the planner honours by returning its best plans so far;
+a search still running `grace_seconds` after it is killed and answers `SearchFailed`, as
+does a worker process that dies. When a search ends, `notify(namespace, name)` is called
+(from a supervisor thread) so the handler reconciles the job again and finds the answer.
+
+Processes rather than a ProcessPoolExecutor: a pool cannot stop one running task, and
+cancelling is the point. Called by sailplan.operator.handlers.
 """
 
 from __future__ import annotations
 
-from sailplan.operator.reconcile.trainingjob import Planner
-from sailplan.planner.api import PlanRequest, PlanResult, make_plan
+import functools
+import hashlib
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+
+from sailplan.operator import metrics
+from sailplan.operator.planning_worker import run_search
+from sailplan.operator.search import Planner, PlannerAnswer, SearchFailed, Searching, describe
+from sailplan.planner.api import Infeasible, PlanRequest, PlanResult, make_plan
 from sailplan.planner.catalog import Catalog
 from sailplan.planner.profiles.types import ProfileSet
 
+log = logging.getLogger("sailplan.operator.planning")
 
-def planner_for(catalog: Catalog) -> Planner:
+JobRef = tuple[str, str, str]  # namespace, name, uid
+
+# Where a TrainingJob does not set spec.planning.deadlineSeconds (its CRD description quotes
+# this): long enough for a 30B model over a handful of pools, short enough that a user who
+# asked for the impossible hears so within minutes.
+DEFAULT_DEADLINE_SECONDS = 120.0
+# The planner checks its deadline between candidates, and profile completion before the
+# search is not covered by it: give it this long past the deadline before killing it.
+DEFAULT_GRACE_SECONDS = 30.0
+# Finished answers kept (per job and request); one per job is what the reconcile re-asks.
+DEFAULT_CACHE_SIZE = 256
+# How long a terminated search process may take to exit before it is SIGKILLed.
+_TERMINATE_WAIT_SECONDS = 2.0
+
+_CONTEXT = multiprocessing.get_context("forkserver")
+# The forkserver imports the planner once; each search's process forks from it warm.
+_CONTEXT.set_forkserver_preload(["sailplan.operator.planning_worker"])
+
+
+def content_key(request: PlanRequest, measured: ProfileSet) -> str:
+    """Identity of what a search computes: the request and the measured profiles."""
+    digest = hashlib.sha256(request.model_dump_json().encode())
+    digest.update(measured.model_dump_json().encode())
+    return digest.hexdigest()
+
+
+@dataclass
+class _Search:
+    job: JobRef
+    content: str
+    request: PlanRequest
+    measured: ProfileSet
+    asked_at: datetime
+    what: str
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    process: BaseProcess | None = None
+
+    @property
+    def deadline_seconds(self) -> float:
+        assert self.request.deadline_seconds is not None  # the service always sets one
+        return self.request.deadline_seconds
+
+    def view(self) -> Searching:
+        return Searching(
+            started_at=self.asked_at,
+            deadline_seconds=self.deadline_seconds,
+            what=self.what,
+            queued=self.process is None,
+        )
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+class PlanningService:
+    def __init__(
+        self,
+        catalog: Catalog,
+        notify: Callable[[str, str], None],
+        *,
+        max_searches: int | None = None,
+        default_deadline_seconds: float = DEFAULT_DEADLINE_SECONDS,
+        grace_seconds: float = DEFAULT_GRACE_SECONDS,
+        cache_size: int = DEFAULT_CACHE_SIZE,
+    ) -> None:
+        self._catalog = catalog
+        self._notify = notify
+        self._default_deadline = default_deadline_seconds
+        self._grace = grace_seconds
+        self._cache_size = cache_size
+        self._slots = threading.BoundedSemaphore(max_searches or os.cpu_count() or 1)
+        self._lock = threading.Lock()
+        self._running: dict[JobRef, _Search] = {}
+        self._answers: OrderedDict[tuple[JobRef, str], PlannerAnswer] = OrderedDict()
+        self._supervisors: set[threading.Thread] = set()
+        self._closed = False
+
+    # -- what the reconcile calls --------------------------------------------------------
+    def planner(self, job: JobRef) -> Planner:
+        """The Planner a reconcile pass of `job` is handed."""
+        return functools.partial(self.plan, job)
+
+    def plan(self, job: JobRef, request: PlanRequest, measured: ProfileSet) -> PlannerAnswer:
+        if request.deadline_seconds is None:
+            request = request.model_copy(update={"deadline_seconds": self._default_deadline})
+        content = content_key(request, measured)
+        with self._lock:
+            if self._closed:
+                return SearchFailed("the operator is shutting down")
+            answer = self._answers.get((job, content))
+            if answer is not None:
+                self._answers.move_to_end((job, content))
+                return answer
+            search = self._running.get(job)
+            if search is not None and search.content == content:
+                return search.view()
+            if search is not None:
+                log.info(
+                    "search superseded by a new request",
+                    extra={"namespace": job[0], "trainingjob": job[1]},
+                )
+                self._cancel(search)
+            search = _Search(job, content, request, measured, _utcnow(), describe(request))
+            self._running[job] = search
+            supervisor = threading.Thread(
+                target=self._supervise, args=(search,), name=f"plan-{job[0]}/{job[1]}", daemon=True
+            )
+            self._supervisors.add(supervisor)
+        supervisor.start()
+        return search.view()
+
+    # -- what the handlers call ----------------------------------------------------------
+    def cancel(self, namespace: str, name: str, uid: str | None = None) -> None:
+        """Stop the job's search and forget its answers (the job was deleted); uid None
+        means every job of that name."""
+
+        def matches(job: JobRef) -> bool:
+            return job[:2] == (namespace, name) and uid in (None, job[2])
+
+        with self._lock:
+            for job, search in list(self._running.items()):
+                if matches(job):
+                    self._cancel(search)
+                    del self._running[job]
+            for key in [k for k in self._answers if matches(k[0])]:
+                del self._answers[key]
+
+    def running_pids(self) -> dict[JobRef, int]:
+        """PIDs of the search processes now running, by job (metrics, tests)."""
+        with self._lock:
+            return {
+                job: s.process.pid
+                for job, s in self._running.items()
+                if s.process is not None and s.process.pid is not None
+            }
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Terminate every search and wait (at most `timeout`) for their processes to go."""
+        with self._lock:
+            self._closed = True
+            for search in self._running.values():
+                self._cancel(search)
+            self._running.clear()
+            supervisors = list(self._supervisors)
+        end = time.monotonic() + timeout
+        for supervisor in supervisors:
+            supervisor.join(max(0.0, end - time.monotonic()))
+
+    # -- inside -----------------------------------------------------------------------------
+    def _cancel(self, search: _Search) -> None:
+        # Under self._lock. The supervisor thread sees the process end and reaps it.
+        search.cancelled.set()
+        if search.process is not None and search.process.is_alive():
+            search.process.terminate()
+
+    def _supervise(self, search: _Search) -> None:
+        try:
+            while not self._slots.acquire(timeout=0.2):
+                if search.cancelled.is_set():
+                    return
+            try:
+                answer = self._run(search)
+            finally:
+                self._slots.release()
+            if answer is None:
+                return
+            with self._lock:
+                if self._running.get(search.job) is search:
+                    del self._running[search.job]
+                if search.cancelled.is_set():
+                    return
+                self._answers[(search.job, search.content)] = answer
+                while len(self._answers) > self._cache_size:
+                    self._answers.popitem(last=False)
+            self._notify(search.job[0], search.job[1])
+        finally:
+            with self._lock:
+                self._supervisors.discard(threading.current_thread())
+
+    def _run(self, search: _Search) -> PlannerAnswer | None:
+        """Run the search in a process; None when it was cancelled."""
+        if search.cancelled.is_set():
+            return None
+        reader, writer = _CONTEXT.Pipe(duplex=False)
+        process = _CONTEXT.Process(
+            target=run_search,
+            args=(search.request, search.measured, self._catalog, writer),
+            name=f"sailplan-plan-{search.job[0]}-{search.job[1]}",
+            daemon=True,
+        )
+        started = time.monotonic()
+        process.start()
+        writer.close()  # only the child writes: its exit reads as EOF here
+        with self._lock:
+            search.process = process
+            if search.cancelled.is_set():
+                process.terminate()
+        try:
+            answer = self._await(search, process, reader)
+        finally:
+            reader.close()
+            _reap(process)
+        seconds = time.monotonic() - started
+        if search.cancelled.is_set():
+            log.info(
+                "search cancelled",
+                extra={"namespace": search.job[0], "trainingjob": search.job[1]},
+            )
+            return None
+        metrics.PLANNING_SECONDS.observe(seconds)
+        result = (
+            "error"
+            if isinstance(answer, SearchFailed)
+            else "infeasible"
+            if isinstance(answer, Infeasible)
+            else "planned"
+        )
+        metrics.PLANS.labels(result=result).inc()
+        log.info(
+            "search finished",
+            extra={
+                "namespace": search.job[0],
+                "trainingjob": search.job[1],
+                "result": result,
+                "seconds": round(seconds, 2),
+            },
+        )
+        return answer
+
+    def _await(self, search: _Search, process: BaseProcess, reader: Connection) -> PlannerAnswer:
+        limit = search.deadline_seconds + self._grace
+        ready = wait([reader, process.sentinel], timeout=limit)
+        if not ready:
+            return SearchFailed(
+                f"the search did not stop at its {search.deadline_seconds:g} s deadline and "
+                f"was killed after {limit:g} s"
+            )
+        try:
+            if reader.poll():
+                kind, payload = reader.recv()
+                if kind == "ok":
+                    result: PlannerAnswer = payload
+                    return result
+                return SearchFailed(f"the planner failed: {payload}")
+        except (EOFError, OSError):
+            pass  # the process died without an answer: reported below
+        process.join(_TERMINATE_WAIT_SECONDS)
+        return SearchFailed(
+            f"the search process died without an answer ({_exit_text(process.exitcode)})"
+        )
+
+
+def _reap(process: BaseProcess) -> None:
+    """Wait for the process to exit, terminating and then killing it if it does not."""
+    process.join(_TERMINATE_WAIT_SECONDS)
+    if process.is_alive():
+        process.terminate()
+        process.join(_TERMINATE_WAIT_SECONDS)
+    if process.is_alive():
+        process.kill()
+        process.join()
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def planner_for(catalog: Catalog) -> Callable[[PlanRequest, ProfileSet], PlanResult]:
+    """The planner run in the caller's own thread (what the controller used before this
+    service; it goes once the controller plans through PlanningService)."""
+
     def plan(request: PlanRequest, measured: ProfileSet) -> PlanResult:
         return make_plan(request, measured, catalog)
 
