@@ -11,8 +11,8 @@ context, so the child is not a fork of a process with an event loop and threads)
 at once: the cached answer when a search for the same request (and measured profiles)
 finished, else `Searching` while the search runs. A different request for the same job
 (spec edit, changed capacity) terminates the old search's process; `cancel(...)` does so
-when the job is deleted. Every search carries a deadline (the request's, else
-`default_deadline_seconds`) which the planner honours by returning its best plans so far;
+when the job is deleted. Every search carries a deadline (the request's, from
+spec.planning.deadlineSeconds, else `default_deadline_seconds`) which the planner honours by returning its best plans so far;
 a search still running `grace_seconds` after it is killed and answers `SearchFailed`, as
 does a worker process that dies. When a search ends, `notify(namespace, name)` is called
 (from a supervisor thread) so the handler reconciles the job again and finds the answer.
@@ -39,6 +39,7 @@ from multiprocessing.process import BaseProcess
 
 from sailplan.operator import metrics
 from sailplan.operator.planning_worker import run_search
+from sailplan.operator.replan.defaults import PLANNING_DEADLINE_SECONDS, PLANNING_GRACE_SECONDS
 from sailplan.operator.search import Planner, PlannerAnswer, SearchFailed, Searching, describe
 from sailplan.planner.api import Infeasible, PlanRequest, PlanResult, make_plan
 from sailplan.planner.catalog import Catalog
@@ -48,13 +49,6 @@ log = logging.getLogger("sailplan.operator.planning")
 
 JobRef = tuple[str, str, str]  # namespace, name, uid
 
-# Where a TrainingJob does not set spec.planning.deadlineSeconds (its CRD description quotes
-# this): long enough for a 30B model over a handful of pools, short enough that a user who
-# asked for the impossible hears so within minutes.
-DEFAULT_DEADLINE_SECONDS = 120.0
-# The planner checks its deadline between candidates, and profile completion before the
-# search is not covered by it: give it this long past the deadline before killing it.
-DEFAULT_GRACE_SECONDS = 30.0
 # Finished answers kept (per job and request); one per job is what the reconcile re-asks.
 DEFAULT_CACHE_SIZE = 256
 # How long a terminated search process may take to exit before it is SIGKILLed.
@@ -108,8 +102,8 @@ class PlanningService:
         notify: Callable[[str, str], None],
         *,
         max_searches: int | None = None,
-        default_deadline_seconds: float = DEFAULT_DEADLINE_SECONDS,
-        grace_seconds: float = DEFAULT_GRACE_SECONDS,
+        default_deadline_seconds: float = PLANNING_DEADLINE_SECONDS,
+        grace_seconds: float = PLANNING_GRACE_SECONDS,
         cache_size: int = DEFAULT_CACHE_SIZE,
     ) -> None:
         self._catalog = catalog

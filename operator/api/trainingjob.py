@@ -55,6 +55,7 @@ COND_REPLANNING: Final = "Replanning"
 COND_SUCCEEDED: Final = "Succeeded"
 COND_FAILED: Final = "Failed"
 COND_PROFILES_MEASURED: Final = "ProfilesMeasured"
+COND_PLANNING: Final = "Planning"  # True while the planner searches for this job
 
 REASON_VALID: Final = "Valid"
 REASON_UNKNOWN_MODEL: Final = "UnknownModel"
@@ -78,6 +79,14 @@ REASON_ESTIMATED: Final = "Estimated"
 REASON_NOT_REPLANNING: Final = "Stable"
 REASON_NO_CAPACITY: Final = "NoCapacity"
 REASON_REPLANNING: Final = "Replanning"
+REASON_POOL_MISSING: Final = "PoolMissing"
+# Planning: why a search runs or how the last one ended.
+REASON_SEARCHING: Final = "Searching"
+REASON_PLAN_FOUND: Final = "PlanFound"
+REASON_DEADLINE_BEST_PLAN: Final = "DeadlineReachedBestPlan"
+REASON_INFEASIBLE: Final = "Infeasible"  # the message starts with the planner's code
+REASON_SEARCH_FAILED: Final = "SearchFailed"
+REASON_SEARCH_NOT_NEEDED: Final = "SearchNotNeeded"
 
 
 # -- spec --------------------------------------------------------------------------------------
@@ -328,6 +337,21 @@ class ProfilingPolicy(KubeModel):
     )
 
 
+class PlanningPolicy(KubeModel):
+    """How long the operator searches for a plan."""
+
+    deadline_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=3600,
+        description="wall-clock budget of one plan search (first plan and every replan); "
+        "when it runs out the job gets the best plan found so far, or Unschedulable if none "
+        "was found. The status condition Planning shows a search under way. Unset: "
+        f"{defaults.PLANNING_DEADLINE_SECONDS} (the operator kills a search that overruns "
+        f"its deadline by {defaults.PLANNING_GRACE_SECONDS} s)",
+    )
+
+
 class TrainingJobSpec(KubeModel):
     model: ModelRef = Field(json_schema_extra={"x-kubernetes-validations": IMMUTABLE_MODEL})
     training: TrainingSettings
@@ -338,6 +362,7 @@ class TrainingJobSpec(KubeModel):
     replan: ReplanPolicy = ReplanPolicy()
     failure: FailurePolicy = FailurePolicy()
     profiling: ProfilingPolicy = ProfilingPolicy()
+    planning: PlanningPolicy = PlanningPolicy()
 
 
 # -- status -----------------------------------------------------------------------------------

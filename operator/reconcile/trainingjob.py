@@ -18,7 +18,7 @@ lost its replan state adopts the newest plan ConfigMap and recreates only the mi
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -38,6 +38,7 @@ from sailplan.operator.profiling.status import COND_PROFILING, ObservedJob
 from sailplan.operator.profiling.step import Collect, ProfilingStep, profiling_step, reserve
 from sailplan.operator.reconcile import naming
 from sailplan.operator.reconcile.children import RenderError, controller_uid, desired_children
+from sailplan.operator.reconcile.conditions import planning_condition
 from sailplan.operator.reconcile.nodes import NodeInfo
 from sailplan.operator.reconcile.snapshot import PoolSelectionError, select_pools
 from sailplan.operator.reconcile.summary import KubeEvent, summarize
@@ -56,7 +57,8 @@ from sailplan.operator.replan.state import (
     PHASE_WAITING,
     ReplanState,
 )
-from sailplan.planner.api import Infeasible, PlanRequest, PlanResult
+from sailplan.operator.search import Planner, PlannerAnswer, SearchFailed, Searching
+from sailplan.planner.api import Infeasible, PlanRequest
 from sailplan.planner.catalog import Catalog, UnknownModelError
 from sailplan.planner.cluster import ClusterSnapshot
 from sailplan.planner.modelspec import ModelSpec
@@ -64,7 +66,21 @@ from sailplan.planner.plan import Plan
 from sailplan.planner.profiles.types import ProfileSet
 from sailplan.planner.workerenv import CHECKPOINT_REQUEST_ANNOTATION
 
-Planner = Callable[[PlanRequest, ProfileSet], PlanResult]
+# While a search runs the pass is repeated this often, so the Planning condition's elapsed
+# time stays current; the planning service wakes the job as soon as the search ends.
+SEARCH_REFRESH_SECONDS = 15.0
+
+
+@dataclass
+class _AskedPlanner:
+    """The pass's planner, remembering its last answer for the Planning condition."""
+
+    planner: Planner
+    answer: PlannerAnswer | None = None
+
+    def __call__(self, request: PlanRequest, measured: ProfileSet) -> PlannerAnswer:
+        self.answer = self.planner(request, measured)
+        return self.answer
 
 
 # -- observed state ------------------------------------------------------------------------
@@ -293,23 +309,41 @@ def reconcile(
     taken = tuple(p.generation for p in observed.plans)
     observed = _mine(observed)
     profiling = _profiling(observed, model, status)
+    asked = _AskedPlanner(planner)
     if not observed.plans and status.replan is None:
-        outcome = _plan(observed, model, status, planner, now, taken=taken, profiling=profiling)
+        outcome = _plan(observed, model, status, asked, now, taken=taken, profiling=profiling)
     elif status.replan is not None and not observed.plans and not status.replan.target_plan:
         # The plan ConfigMaps were deleted under a running job: start over from a new plan.
         status = status.model_copy(update={"replan": None})
-        outcome = _plan(observed, model, status, planner, now, taken=taken, profiling=profiling)
+        outcome = _plan(observed, model, status, asked, now, taken=taken, profiling=profiling)
     else:
         outcome = _run(
             observed,
             model,
             status=status,
-            planner=planner,
+            planner=asked,
             catalog=catalog,
             now=now,
             config=effective_config(config or ReplanConfig(), job),
         )
-    return _with_profiling(outcome, profiling, now)
+    return _with_planning(_with_profiling(outcome, profiling, now), asked.answer, now)
+
+
+def _with_planning(outcome: Outcome, answer: PlannerAnswer | None, now: datetime) -> Outcome:
+    """The Planning condition joins the status; while a search runs, the pass is repeated
+    so its elapsed time stays current."""
+    status = outcome.status
+    previous = find_condition(status.conditions, api.COND_PLANNING)
+    generation = status.observed_generation or 0
+    condition = planning_condition(answer, previous, generation, now)
+    if condition is None:
+        return outcome
+    requeue = outcome.requeue_after
+    if isinstance(answer, Searching):
+        requeue = min(requeue or SEARCH_REFRESH_SECONDS, SEARCH_REFRESH_SECONDS)
+    return replace(
+        outcome, status=_with_conditions(status, [condition], now), requeue_after=requeue
+    )
 
 
 def _profiling(
@@ -448,11 +482,16 @@ def _plan(
         return _finish(observed, status)
 
     result = planner(plan_request(job, model, snapshot), observed.measured)
-    if isinstance(result, Infeasible):
-        status = status.model_copy(update={"unschedulable_inputs": inputs})
-        return _unschedulable(
-            observed, status, result.code, result.reason, now, plan_result="infeasible"
+    if isinstance(result, Searching):
+        return _finish(observed, status)  # the Planning condition says what is searched
+    if isinstance(result, Infeasible | SearchFailed):
+        code, reason = (
+            (result.code, result.reason)
+            if isinstance(result, Infeasible)
+            else (api.REASON_SEARCH_FAILED, result.message)
         )
+        status = status.model_copy(update={"unschedulable_inputs": inputs})
+        return _unschedulable(observed, status, code, reason, now, plan_result="infeasible")
 
     plan = result.best.model_copy(update={"reason": "initial plan"})
     estimated = plan.inputs.estimated
@@ -828,7 +867,7 @@ def _run(
     else:
         phase = api.PHASE_PENDING
         message = done.render_problem or f"{counts.running}/{desired} workers running"
-        reason = "PoolMissing" if done.render_problem else api.REASON_PODS_PENDING
+        reason = api.REASON_POOL_MISSING if done.render_problem else api.REASON_PODS_PENDING
         conditions.append(_condition(api.COND_RUNNING, False, reason, message, generation))
 
     progress = status.progress

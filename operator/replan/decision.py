@@ -17,7 +17,7 @@ to those fields takes effect at the next decision, drain deadline or restart del
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from sailplan.operator.api.trainingjob import TrainingJob
@@ -30,7 +30,8 @@ from sailplan.operator.replan.defaults import (
     MAX_BACKOFF_SECONDS,
 )
 from sailplan.operator.replan.triggers import Trigger, WorkerPod, plan_shortfall
-from sailplan.planner.api import Infeasible, Objective, PlanRequest, PlanResult
+from sailplan.operator.search import Planner, SearchFailed, Searching
+from sailplan.planner.api import Infeasible, Objective, PlanRequest
 from sailplan.planner.catalog import Catalog
 from sailplan.planner.cluster import ClusterSnapshot
 from sailplan.planner.modelspec import ModelSpec
@@ -38,8 +39,6 @@ from sailplan.planner.plan import Plan, Predictions
 from sailplan.planner.profiles.estimate import complete_profiles
 from sailplan.planner.profiles.types import ProfileSet
 from sailplan.planner.simulator import MissingProfileError, PlanningContext, simulate
-
-Planner = Callable[[PlanRequest, ProfileSet], PlanResult]
 
 
 @dataclass(frozen=True)
@@ -150,7 +149,9 @@ class Wait:
     message: str
 
 
-Decision = Keep | Switch | Wait
+# Searching: the planner's search for this decision still runs; the pass changes nothing
+# and the next one (when the search ends) decides.
+Decision = Keep | Switch | Wait | Searching
 
 
 def plan_request(job: TrainingJob, model: ModelSpec, cluster: ClusterSnapshot) -> PlanRequest:
@@ -168,6 +169,11 @@ def plan_request(job: TrainingJob, model: ModelSpec, cluster: ClusterSnapshot) -
             max_usd_per_iteration=spec.objective.max_usd_per_iteration,
         ),
         max_pipeline_depth=spec.objective.max_pipeline_depth,
+        deadline_seconds=(
+            float(spec.planning.deadline_seconds)
+            if spec.planning.deadline_seconds is not None
+            else None
+        ),
     )
 
 
@@ -244,10 +250,17 @@ def decide(
     if not any(p.gpus for p in inputs.cluster.pools):
         return Wait("NoCapacity", "no free ready GPU nodes in the selected GPUPools")
     result = context.planner(plan_request(job, inputs.model, inputs.cluster), inputs.measured)
-    if isinstance(result, Infeasible):
+    if isinstance(result, Searching):
+        return result
+    if isinstance(result, Infeasible | SearchFailed):
+        code, reason = (
+            (result.code, result.reason)
+            if isinstance(result, Infeasible)
+            else ("SearchFailed", result.message)
+        )
         if trigger.involuntary or current is None:
-            return Wait(result.code, result.reason)
-        return Keep(f"no feasible plan on the changed cluster ({result.code}): {result.reason}")
+            return Wait(code, reason)
+        return Keep(f"no feasible plan on the changed cluster ({code}): {reason}")
     candidate = result.best
     if trigger.involuntary or current is None:
         return Switch(candidate, trigger.message)

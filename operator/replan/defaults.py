@@ -21,3 +21,9 @@ CHECKPOINT_BANDWIDTH_BYTES_PER_SECOND: Final = 1_000_000_000
 # Restart delay after a real failure: BACKOFF_SECONDS x 2^(restarts-1), at most the cap.
 BACKOFF_SECONDS: Final = 10
 MAX_BACKOFF_SECONDS: Final = 600
+# A plan search's wall-clock budget (spec.planning.deadlineSeconds): long enough for a 30B
+# model over a handful of pools, short enough that an impossible request is told so soon.
+PLANNING_DEADLINE_SECONDS: Final = 120
+# The planner checks its deadline between candidates and not while completing profiles:
+# a search still running this long past its deadline is killed.
+PLANNING_GRACE_SECONDS: Final = 30

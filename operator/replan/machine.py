@@ -48,6 +48,7 @@ from sailplan.operator.replan.state import (
     ReplanState,
     SwitchRecord,
 )
+from sailplan.operator.search import Searching
 from sailplan.planner.cluster import ClusterSnapshot
 from sailplan.planner.plan import Plan
 from sailplan.planner.profiles.types import ProfileSet
@@ -311,6 +312,10 @@ def _replan(
 ) -> tuple[ReplanState, list[Action]]:
     judged = _evaluated(state, inputs)
     decision = decide(inputs, context, trigger, state.last_drain_seconds)
+    if isinstance(decision, Searching):
+        # Nothing is judged yet: the same trigger asks again on the next pass, which the
+        # planning service runs when the search has ended.
+        return state, []
     mine = _current(state, inputs)
     if isinstance(decision, Keep):
         message = f"{trigger.message}: keeping generation {state.generation}: {decision.reason}"
