@@ -41,7 +41,7 @@ from sailplan.operator import metrics
 from sailplan.operator.planning_worker import run_search
 from sailplan.operator.replan.defaults import PLANNING_DEADLINE_SECONDS, PLANNING_GRACE_SECONDS
 from sailplan.operator.search import Planner, PlannerAnswer, SearchFailed, Searching, describe
-from sailplan.planner.api import Infeasible, PlanRequest, PlanResult, make_plan
+from sailplan.planner.api import Infeasible, PlanRequest
 from sailplan.planner.catalog import Catalog
 from sailplan.planner.profiles.types import ProfileSet
 
@@ -310,13 +310,3 @@ def _exit_text(code: int | None) -> str:
     if code < 0:
         return f"killed by signal {-code}"
     return f"exit code {code}"
-
-
-def planner_for(catalog: Catalog) -> Callable[[PlanRequest, ProfileSet], PlanResult]:
-    """The planner run in the caller's own thread (what the controller used before this
-    service; it goes once the controller plans through PlanningService)."""
-
-    def plan(request: PlanRequest, measured: ProfileSet) -> PlanResult:
-        return make_plan(request, measured, catalog)
-
-    return plan

@@ -11,8 +11,8 @@ queue and the indices are rebuilt from the cluster on start.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -34,12 +34,10 @@ from sailplan.operator.controller.observation import (
 )
 from sailplan.operator.controller.queue import Coalesced, JobKey, WorkQueue
 from sailplan.operator.kube import Kube
-from sailplan.operator.planning import planner_for
+from sailplan.operator.planning import PlanningService
 from sailplan.operator.reconcile.gpupool import pool_status
 from sailplan.operator.reconcile.nodes import NodeInfo
 from sailplan.operator.reconcile.trainingjob import Outcome, invalid_status, merge_patch, reconcile
-from sailplan.planner.api import Infeasible, PlanRequest, PlanResult
-from sailplan.planner.profiles.types import ProfileSet
 
 log = logging.getLogger("sailplan.operator")
 
@@ -61,20 +59,17 @@ class Runtime:
     pools: Coalesced | None = None
     indices: dict[str, Any] = field(default_factory=dict)
 
-    # -- planner with metrics ------------------------------------------------------------
-    def plan(self, request: PlanRequest, measured: ProfileSet) -> PlanResult:
-        started = time.perf_counter()
-        try:
-            result = planner_for(self.config.catalog)(request, measured)
-        except Exception:
-            metrics.PLANS.labels(result="error").inc()
-            raise
-        finally:
-            metrics.PLANNING_SECONDS.observe(time.perf_counter() - started)
-        metrics.PLANS.labels(
-            result="infeasible" if isinstance(result, Infeasible) else "planned"
-        ).inc()
-        return result
+    # -- planning ------------------------------------------------------------------------
+    @functools.cached_property
+    def planning(self) -> PlanningService:
+        """Plan searches in worker processes. Created on first use, which is on the event
+        loop: a search that ends (in a supervisor thread) puts its job back on the queue."""
+        loop = asyncio.get_running_loop()
+
+        def search_ended(namespace: str, name: str) -> None:
+            loop.call_soon_threadsafe(self._requeue_later((namespace, name)), 0.0)
+
+        return PlanningService(self.config.catalog, search_ended)
 
     # -- GPUPools ------------------------------------------------------------------------
     async def refresh_pools(self) -> None:
@@ -126,6 +121,7 @@ class Runtime:
 
     # -- TrainingJobs --------------------------------------------------------------------
     def forget_job(self, key: JobKey) -> None:
+        self.planning.cancel(*key)  # a deleted job's search only burns a core
         self.jobs.discard(key)
         self.pod_phases.pop(key, None)
         metrics.publish_pod_phases(self.pod_phases.values())
@@ -166,7 +162,12 @@ class Runtime:
         nodes = await read_nodes(self.kube, self.indices.get("nodes"))
         observed = await observe(self.kube, parsed.job, self.config.profile_namespace, nodes)
         outcome = await asyncio.to_thread(
-            reconcile, observed, self.plan, self.config.catalog, now, self.config.replan
+            reconcile,
+            observed,
+            self.planning.planner((namespace, name, parsed.job.uid)),
+            self.config.catalog,
+            now,
+            self.config.replan,
         )
         await apply_outcome(
             self.kube,
@@ -205,6 +206,7 @@ class Runtime:
                 await self.pools.kick()
 
     async def stop(self) -> None:
+        await asyncio.to_thread(self.planning.shutdown)  # SIGTERM must not wait for searches
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
