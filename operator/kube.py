@@ -10,21 +10,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from sailplan.operator.api.common import GROUP, VERSION
 from sailplan.operator.api.gpupool import PLURAL as POOLS
-from sailplan.operator.api.trainingjob import KIND as JOB_KIND
 from sailplan.operator.api.trainingjob import PLURAL as JOBS
 from sailplan.operator.profiling.jobs import ROLE_PROFILER
 from sailplan.operator.reconcile import naming
 
 MERGE_PATCH = "application/merge-patch+json"
-COMPONENT = "sailplan-operator"
 
 
 class Kube:
@@ -194,38 +191,3 @@ class Kube:
         self.custom.patch_cluster_custom_object_status(
             GROUP, VERSION, POOLS, name, {"status": patch}, _content_type=MERGE_PATCH
         )
-
-    def post_event(
-        self,
-        *,
-        namespace: str,
-        job: str,
-        uid: str,
-        type_: str,
-        reason: str,
-        message: str,
-        now: datetime,
-    ) -> None:
-        stamp = now.isoformat().replace("+00:00", "Z")
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{job}.", "namespace": namespace},
-            "involvedObject": {
-                "apiVersion": f"{GROUP}/{VERSION}",
-                "kind": JOB_KIND,
-                "name": job,
-                "namespace": namespace,
-                "uid": uid,
-            },
-            "type": type_,
-            "reason": reason,
-            "message": message[:1024],
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": COMPONENT,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-        }
-        self.core.create_namespaced_event(namespace, cast(Any, event))

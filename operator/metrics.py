@@ -2,7 +2,8 @@
 
 Counters for reconciles by kind and result and for planner outcomes, a histogram of
 planning time (the search can take seconds on big clusters, and that is what an operator
-of the operator wants to see first), and a gauge of worker pods by phase.
+of the operator wants to see first), a histogram of the backoff before retrying a failed
+reconcile, and a gauge of worker pods by phase.
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ PLANNING_SECONDS = Histogram(
     "sailplan_planning_seconds",
     "Wall time of one planner run",
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+    registry=REGISTRY,
+)
+RECONCILE_RETRY_SECONDS = Histogram(
+    "sailplan_reconcile_retry_delay_seconds",
+    "Backoff before retrying a failed TrainingJob reconcile (its count is the retries)",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 300),
     registry=REGISTRY,
 )
 WORKER_PODS = Gauge(

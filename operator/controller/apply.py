@@ -10,17 +10,18 @@ succeeded profiling Jobs in the profile store.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
+import kopf
 from kubernetes.client.exceptions import ApiException
 
 from sailplan.operator import metrics
 from sailplan.operator.api import trainingjob as job_api
+from sailplan.operator.api.common import GROUP, VERSION
+from sailplan.operator.controller.blocking import run_blocking
 from sailplan.operator.kube import Kube
 from sailplan.operator.profiling import results
 from sailplan.operator.profiling.jobs import REPORT_CONTAINER
@@ -44,9 +45,25 @@ class JobRef:
     name: str
     uid: str
 
+    def body(self) -> kopf.Body:
+        """The fields of the job an Event's involvedObject is built from."""
+        return kopf.Body(
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": job_api.KIND,
+                "metadata": {"namespace": self.namespace, "name": self.name, "uid": self.uid},
+            }
+        )
 
-async def record(kube: Kube, job: JobRef, event: KubeEvent, now: datetime) -> None:
-    """A decision, as a log line and as a Kubernetes Event on the TrainingJob."""
+
+def record(job: JobRef, event: KubeEvent) -> None:
+    """A decision, as a log line and as a Kubernetes Event on the TrainingJob.
+
+    Kopf posts the Event in the background (retrying with its backoffs) through the posting
+    queue it binds to the operator's tasks in context variables; the runtime's workers are
+    started inside a handler so that they inherit it. `kopf.event` posts whatever
+    `settings.posting.level` says (that level only filters Kopf's own log-based events).
+    """
     log.info(
         event.message,
         extra={
@@ -56,18 +73,7 @@ async def record(kube: Kube, job: JobRef, event: KubeEvent, now: datetime) -> No
             "type": event.type,
         },
     )
-    await asyncio.to_thread(
-        functools.partial(
-            kube.post_event,
-            namespace=job.namespace,
-            job=job.name,
-            uid=job.uid,
-            type_=event.type,
-            reason=event.reason,
-            message=event.message,
-            now=now,
-        )
-    )
+    kopf.event(job.body(), type=event.type, reason=event.reason, message=event.message)
 
 
 async def apply_outcome(
@@ -76,7 +82,6 @@ async def apply_outcome(
     *,
     raw_status: dict[str, Any],
     outcome: Outcome,
-    now: datetime,
     requeue_after: Callable[[float], None],
 ) -> None:
     """Write `outcome`; `requeue_after(seconds)` when the reconcile asks to be called back."""
@@ -84,14 +89,14 @@ async def apply_outcome(
     pods = [o for o in outcome.create if o["kind"] == "Pod"]
     others = [o for o in outcome.create if o["kind"] != "Pod"]
     for obj in others:  # the plan ConfigMap and the Service before any pod
-        await asyncio.to_thread(kube.create, obj)
+        await run_blocking(kube.create, obj)
     for start in range(0, len(pods), CREATE_BATCH):
         batch = pods[start : start + CREATE_BATCH]
-        await asyncio.gather(*(asyncio.to_thread(kube.create, pod) for pod in batch))
+        await asyncio.gather(*(run_blocking(kube.create, pod) for pod in batch))
     for pod_name in outcome.delete_pods:
-        await asyncio.to_thread(kube.delete_pod, namespace, pod_name)
+        await run_blocking(kube.delete_pod, namespace, pod_name)
     for pod_name, wanted in outcome.annotate_pods:
-        await asyncio.to_thread(kube.annotate_pod, namespace, pod_name, wanted)
+        await run_blocking(kube.annotate_pod, namespace, pod_name, wanted)
     if outcome.create or outcome.delete_pods:
         log.info(
             "children changed",
@@ -107,9 +112,9 @@ async def apply_outcome(
     new_status = outcome.status.model_dump(mode="json", by_alias=True, exclude_none=True)
     patch = merge_patch(raw_status, new_status)
     if patch:
-        await asyncio.to_thread(kube.patch_job_status, namespace, job.name, patch)
+        await run_blocking(kube.patch_job_status, namespace, job.name, patch)
     for event in outcome.events:
-        await record(kube, job, event, now)
+        record(job, event)
     if outcome.requeue_after is not None:
         requeue_after(outcome.requeue_after)
     metrics.RECONCILES.labels(kind=job_api.KIND, result="ok").inc()
@@ -120,7 +125,6 @@ async def collect_results(
     job: JobRef,
     collect: tuple[Collect, ...],
     profile_namespace: str,
-    now: datetime,
 ) -> bool:
     """Results of succeeded profiling Jobs into the profile store; True if any was stored
     (which may be what other jobs wait for). A result that cannot be read marks its Jobs
@@ -129,7 +133,7 @@ async def collect_results(
     for item in collect:
         problem = ""
         try:
-            text = await asyncio.to_thread(
+            text = await run_blocking(
                 kube.succeeded_pod_log, job.namespace, dict(item.pod_labels), REPORT_CONTAINER
             )
             if text is None:
@@ -138,7 +142,7 @@ async def collect_results(
                 configmap = results.collect(
                     text, item.need, profile_namespace, f"{job.namespace}/{job.name}"
                 )
-                if await asyncio.to_thread(kube.create, configmap):
+                if await run_blocking(kube.create, configmap):
                     stored.append((item.need.key, configmap["metadata"]["name"]))
                 else:
                     # Usually another job stored the same key a moment ago, and the
@@ -160,7 +164,7 @@ async def collect_results(
                 extra={"namespace": job.namespace, "trainingjob": job.name, "problem": problem},
             )
             for job_name in item.jobs:
-                await asyncio.to_thread(
+                await run_blocking(
                     kube.annotate_batch_job,
                     job.namespace,
                     job_name,
@@ -168,5 +172,5 @@ async def collect_results(
                 )
     for key, configmap_name in stored:
         message = f"stored measured profiles {key} in ConfigMap {configmap_name}"
-        await record(kube, job, KubeEvent("Normal", "ProfilesStored", message), now)
+        record(job, KubeEvent("Normal", "ProfilesStored", message))
     return bool(stored)

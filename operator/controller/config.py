@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sailplan.operator.controller.queue import Backoff
 from sailplan.operator.replan.decision import ReplanConfig
 from sailplan.planner.catalog import Catalog
 
@@ -17,3 +18,4 @@ class OperatorConfig:
     workers: int = 4
     resync_seconds: float = 60.0
     replan: ReplanConfig = field(default_factory=ReplanConfig)
+    retry: Backoff = field(default_factory=Backoff)  # after a failed TrainingJob reconcile

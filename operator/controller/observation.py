@@ -8,7 +8,6 @@ being rolled out. Nodes come from the Kopf index once it is filled.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,11 +17,13 @@ from pydantic import ValidationError
 
 from sailplan.operator.api.gpupool import GPUPool
 from sailplan.operator.api.trainingjob import TrainingJob, TrainingJobStatus
+from sailplan.operator.controller.blocking import run_blocking
 from sailplan.operator.kube import Kube
-from sailplan.operator.profilestore import parse_profile_configmaps
+from sailplan.operator.profilestore import ProfileStore, parse_profile_configmaps
 from sailplan.operator.profiling.status import observed_job
 from sailplan.operator.reconcile.nodes import NodeInfo, node_info
 from sailplan.operator.reconcile.trainingjob import Observed, observed_plan, observed_pod
+from sailplan.planner.profiles.types import ProfileSet
 
 log = logging.getLogger("sailplan.operator")
 
@@ -90,7 +91,7 @@ def parse_job(namespace: str, name: str, body: Mapping[str, Any]) -> ParsedJob:
 
 async def read_pools(kube: Kube) -> tuple[GPUPool, ...]:
     pools: list[GPUPool] = []
-    for pool_body in await asyncio.to_thread(kube.list_pools):
+    for pool_body in await run_blocking(kube.list_pools):
         try:
             pools.append(parse_pool(pool_body))
         except ValidationError as error:
@@ -103,22 +104,32 @@ async def read_nodes(kube: Kube, index: Mapping[str, Any] | None) -> dict[str, N
     reconciled before the first node event must not take every node for gone)."""
     if index is not None:
         return {info.name: info for store in index.values() for info in store}
-    bodies = await asyncio.to_thread(kube.list_nodes)
+    bodies = await run_blocking(kube.list_nodes)
     return {info.name: info for info in map(node_info, bodies)}
 
 
-async def observe(
-    kube: Kube, job: TrainingJob, profile_namespace: str, nodes: dict[str, NodeInfo]
-) -> Observed:
-    """What the reconcile of `job` looks at, read from the API server now."""
-    namespace, name = job.namespace, job.name
-    pods, plans, service = await asyncio.to_thread(kube.list_job_children, namespace, name)
-    profiling_jobs = await asyncio.to_thread(kube.list_profiling_jobs, namespace, name)
-    # Always read: newly measured profiles are a reason to replan (policy Auto).
-    configmaps = await asyncio.to_thread(kube.list_profile_configmaps, profile_namespace)
+async def read_profiles(
+    kube: Kube, store: ProfileStore, index: Mapping[str, Any] | None, namespace: str
+) -> ProfileSet:
+    """The profile store: from the Kopf index once it is filled (parsed once per ConfigMap
+    change), else listed and parsed now."""
+    if index is not None:
+        return store.profiles(parsed for entries in index.values() for parsed in entries)
+    configmaps = await run_blocking(kube.list_profile_configmaps, namespace)
     measured, problems = parse_profile_configmaps(configmaps)
     for problem in problems:
         log.warning("profile store: document skipped", extra={"problem": problem})
+    return measured
+
+
+async def observe(
+    kube: Kube, job: TrainingJob, measured: ProfileSet, nodes: dict[str, NodeInfo]
+) -> Observed:
+    """What the reconcile of `job` looks at, read from the API server now (`measured`
+    profiles and `nodes` from the indices)."""
+    namespace, name = job.namespace, job.name
+    pods, plans, service = await run_blocking(kube.list_job_children, namespace, name)
+    profiling_jobs = await run_blocking(kube.list_profiling_jobs, namespace, name)
     return Observed(
         job=job,
         pools=await read_pools(kube),

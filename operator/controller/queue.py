@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 from sailplan.operator import metrics
 from sailplan.operator.api import trainingjob as job_api
@@ -19,14 +21,34 @@ from sailplan.operator.api import trainingjob as job_api
 log = logging.getLogger("sailplan.operator")
 
 JobKey = tuple[str, str]  # (namespace, name)
-RETRY_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Delay before retrying a key after its n-th consecutive failure: `base_seconds`
+    doubling per failure up to `cap_seconds`, stretched by up to `jitter` (a fraction) so
+    that keys failing together do not retry in lockstep."""
+
+    base_seconds: float = 1.0
+    cap_seconds: float = 300.0
+    jitter: float = 0.1
+    uniform: Callable[[], float] = field(default=random.random, compare=False)
+
+    def delay(self, failures: int) -> float:
+        exponential = self.base_seconds * 2.0 ** min(max(failures - 1, 0), 62)
+        return min(self.cap_seconds, exponential) * (1.0 + self.jitter * self.uniform())
 
 
 class WorkQueue:
     """At most one reconcile per key at a time; a key enqueued meanwhile runs once more after."""
 
-    def __init__(self, process: Callable[[JobKey], Awaitable[None]]) -> None:
+    def __init__(
+        self, process: Callable[[JobKey], Awaitable[None]], backoff: Backoff | None = None
+    ) -> None:
         self._process = process
+        self._backoff = backoff or Backoff()
+        self._failures: dict[JobKey, int] = {}
+        self._retries: dict[JobKey, asyncio.TimerHandle] = {}
         self._queue: asyncio.Queue[JobKey] = asyncio.Queue()
         self._pending: set[JobKey] = set()
         self._active: set[JobKey] = set()
@@ -48,17 +70,43 @@ class WorkQueue:
             try:
                 await self._process(key)
             except Exception:
+                failures = self._failures.get(key, 0) + 1
+                self._failures[key] = failures
+                delay = self._backoff.delay(failures)
                 log.exception(
                     "reconcile failed; retrying",
-                    extra={"namespace": key[0], "trainingjob": key[1]},
+                    extra={
+                        "namespace": key[0],
+                        "trainingjob": key[1],
+                        "failures": failures,
+                        "retry_in_seconds": round(delay, 3),
+                    },
                 )
                 metrics.RECONCILES.labels(kind=job_api.KIND, result="error").inc()
-                loop.call_later(RETRY_SECONDS, self.enqueue, key)
+                metrics.RECONCILE_RETRY_SECONDS.observe(delay)
+                self._schedule_retry(loop, key, delay)
+            else:
+                self._failures.pop(key, None)
             finally:
                 self._active.discard(key)
                 if key in self._dirty:
                     self._dirty.discard(key)
                     self.enqueue(key)
+
+    def failures(self, key: JobKey) -> int:
+        """Consecutive failed passes of `key` (0 after a success)."""
+        return self._failures.get(key, 0)
+
+    def _schedule_retry(self, loop: asyncio.AbstractEventLoop, key: JobKey, delay: float) -> None:
+        # One pending retry per key: an earlier timer would only add a pass.
+        previous = self._retries.pop(key, None)
+        if previous is not None:
+            previous.cancel()
+        self._retries[key] = loop.call_later(delay, self._retry, key)
+
+    def _retry(self, key: JobKey) -> None:
+        self._retries.pop(key, None)
+        self.enqueue(key)
 
 
 class Coalesced:

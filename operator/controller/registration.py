@@ -5,7 +5,9 @@ stay thin. Node, GPU-pod and GPUPool events refresh every GPUPool's status from 
 indices (which Kopf fills completely before any handler runs, so a restarted operator
 never computes a status from a half-listed cluster). TrainingJob, profiling-Job and
 worker-pod events put the job on the runtime's work queue, so a failed or preempted worker
-is replanned for within a second.
+is replanned for within a second. The profile store's ConfigMaps (labelled, in the profile
+namespace, filtered by the API server) are indexed parsed, and a change wakes every job.
+The liveness probe reports the runtime's background tasks (supervision).
 
 No finalizers: children are owned through ownerReferences and the garbage collector
 removes them, so deleting a job never waits on the operator being up.
@@ -25,10 +27,17 @@ from sailplan.operator.api import trainingjob as job_api
 from sailplan.operator.api.common import GROUP
 from sailplan.operator.controller.config import OperatorConfig
 from sailplan.operator.controller.runtime import Runtime
+from sailplan.operator.controller.supervision import register_liveness_probe
 from sailplan.operator.kube import Kube
+from sailplan.operator.profilestore import ParsedConfigMap
 from sailplan.operator.profiling.jobs import ROLE_PROFILER
 from sailplan.operator.reconcile import naming
 from sailplan.operator.reconcile.nodes import NodeInfo, node_info, pod_gpu_request, requested_gpus
+
+log = logging.getLogger("sailplan.operator")
+
+# The Kopf indices the runtime reads (ids of the @kopf.index handlers below).
+INDICES = ("nodes", "gpus", "pools", "profiles")
 
 
 def connection_info(
@@ -75,13 +84,20 @@ def build_registry(config: OperatorConfig, api_client: client.ApiClient) -> kopf
         settings.scanning.disabled = True
         settings.posting.level = logging.WARNING
         settings.watching.server_timeout = 300
+        # Only the profile store's ConfigMaps, filtered by the API server: the watch never
+        # carries the cluster's other ConfigMaps.
+        settings.watching.label_selectors["configmaps"] = naming.LABEL_PROFILE
+        settings.watching.field_selectors["configmaps"] = (
+            f"metadata.namespace={config.profile_namespace}"
+        )
         if config.metrics_port:
             metrics.serve(config.metrics_port)
-        runtime.start()
 
     @kopf.on.cleanup(id="cleanup", registry=registry)
     async def cleanup(**_: Any) -> None:
         await runtime.stop()
+
+    register_liveness_probe(registry, runtime.supervisor)
 
     # -- indices (filled before any handler runs) --------------------------------------
     # Async on purpose: Kopf runs sync handlers in a thread pool, one hop per watch event,
@@ -101,10 +117,29 @@ def build_registry(config: OperatorConfig, api_client: client.ApiClient) -> kopf
     async def pools(body: kopf.Body, name: str, **_: Any) -> dict[str, dict[str, Any]]:
         return {name: dict(body)}
 
+    @kopf.index(
+        "configmaps",
+        id="profiles",
+        registry=registry,
+        labels={naming.LABEL_PROFILE: kopf.PRESENT},
+        when=lambda namespace, **_: namespace == config.profile_namespace,
+    )
+    async def profiles(body: kopf.Body, name: str, **_: Any) -> dict[str, ParsedConfigMap]:
+        parsed, fresh = runtime.profile_store.parsed(body)
+        for problem in parsed.problems if fresh else ():
+            log.warning("profile store: document skipped", extra={"problem": problem})
+        return {name: parsed}
+
+    def handling(kwargs: dict[str, Any]) -> None:
+        """Every handler's first step: indices to the runtime (Kopf passes the same live
+        objects each time; every index is filled before the first handler runs), and the
+        background tasks started in this handler's context."""
+        runtime.indices.update({index: kwargs[index] for index in INDICES})
+        runtime.ensure_started()
+
     async def kick_pools(kwargs: dict[str, Any]) -> None:
-        runtime.indices.update(nodes=kwargs["nodes"], gpus=kwargs["gpus"], pools=kwargs["pools"])
-        if runtime.pools is not None:
-            await runtime.pools.kick()
+        handling(kwargs)
+        await runtime.pools.kick()
 
     @kopf.on.event("nodes", id="node-changed", registry=registry)
     async def node_changed(**kwargs: Any) -> None:
@@ -118,6 +153,20 @@ def build_registry(config: OperatorConfig, api_client: client.ApiClient) -> kopf
     async def pool_changed(**kwargs: Any) -> None:
         await kick_pools(kwargs)
 
+    @kopf.on.event(
+        "configmaps",
+        id="profiles-changed",
+        registry=registry,
+        labels={naming.LABEL_PROFILE: kopf.PRESENT},
+        when=lambda namespace, **_: namespace == config.profile_namespace,
+    )
+    async def profiles_changed(type: str, name: str, **kwargs: Any) -> None:
+        handling(kwargs)
+        if type == "DELETED":
+            runtime.profile_store.forget(name)
+        # Any job may be waiting for these profiles (or plan better with them).
+        runtime.wake_all_jobs()
+
     # -- TrainingJobs ------------------------------------------------------------------
     @kopf.on.event(
         GROUP,
@@ -126,14 +175,14 @@ def build_registry(config: OperatorConfig, api_client: client.ApiClient) -> kopf
         registry=registry,
         when=lambda namespace, **_: _serves(config, namespace),
     )
-    async def job_changed(type: str, name: str, namespace: str | None, **_: Any) -> None:
+    async def job_changed(type: str, name: str, namespace: str | None, **kwargs: Any) -> None:
+        handling(kwargs)
         key = (namespace or "", name)
         if type == "DELETED":
             runtime.forget_job(key)
             return
         runtime.jobs.add(key)
-        if runtime.queue is not None:
-            runtime.queue.enqueue(key)
+        runtime.queue.enqueue(key)
 
     @kopf.on.event(
         "batch",
@@ -143,9 +192,11 @@ def build_registry(config: OperatorConfig, api_client: client.ApiClient) -> kopf
         labels={naming.LABEL_JOB: kopf.PRESENT, naming.LABEL_ROLE: ROLE_PROFILER},
         when=lambda namespace, **_: _serves(config, namespace),
     )
-    async def profiling_job_changed(labels: kopf.Labels, namespace: str | None, **_: Any) -> None:
-        if runtime.queue is not None:
-            runtime.queue.enqueue((namespace or "", labels[naming.LABEL_JOB]))
+    async def profiling_job_changed(
+        labels: kopf.Labels, namespace: str | None, **kwargs: Any
+    ) -> None:
+        handling(kwargs)
+        runtime.queue.enqueue((namespace or "", labels[naming.LABEL_JOB]))
 
     @kopf.on.event(
         "pods",
@@ -154,8 +205,8 @@ def build_registry(config: OperatorConfig, api_client: client.ApiClient) -> kopf
         labels={naming.LABEL_JOB: kopf.PRESENT, naming.LABEL_ROLE: naming.ROLE_WORKER},
         when=lambda namespace, **_: _serves(config, namespace),
     )
-    async def worker_changed(labels: kopf.Labels, namespace: str | None, **_: Any) -> None:
-        if runtime.queue is not None:
-            runtime.queue.enqueue((namespace or "", labels[naming.LABEL_JOB]))
+    async def worker_changed(labels: kopf.Labels, namespace: str | None, **kwargs: Any) -> None:
+        handling(kwargs)
+        runtime.queue.enqueue((namespace or "", labels[naming.LABEL_JOB]))
 
     return registry

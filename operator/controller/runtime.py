@@ -25,16 +25,20 @@ from sailplan.operator import metrics
 from sailplan.operator.api import gpupool as pool_api
 from sailplan.operator.api import trainingjob as job_api
 from sailplan.operator.controller.apply import JobRef, apply_outcome, collect_results
+from sailplan.operator.controller.blocking import run_blocking
 from sailplan.operator.controller.config import OperatorConfig
 from sailplan.operator.controller.observation import (
     observe,
     parse_job,
     parse_pool,
     read_nodes,
+    read_profiles,
 )
 from sailplan.operator.controller.queue import Coalesced, JobKey, WorkQueue
+from sailplan.operator.controller.supervision import Supervisor
 from sailplan.operator.kube import Kube
 from sailplan.operator.planning import PlanningService
+from sailplan.operator.profilestore import ProfileStore
 from sailplan.operator.reconcile.gpupool import pool_status
 from sailplan.operator.reconcile.nodes import NodeInfo
 from sailplan.operator.reconcile.trainingjob import Outcome, invalid_status, merge_patch, reconcile
@@ -54,10 +58,16 @@ class Runtime:
     kube: Kube
     jobs: set[JobKey] = field(default_factory=set)
     pod_phases: dict[JobKey, dict[str, int]] = field(default_factory=dict)
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    queue: WorkQueue | None = None
-    pools: Coalesced | None = None
     indices: dict[str, Any] = field(default_factory=dict)
+    supervisor: Supervisor = field(default_factory=Supervisor)
+    profile_store: ProfileStore = field(default_factory=ProfileStore)
+    queue: WorkQueue = field(init=False)
+    pools: Coalesced = field(init=False)
+    _stopping: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        self.queue = WorkQueue(self.reconcile_job, self.config.retry)
+        self.pools = Coalesced(self.refresh_pools)
 
     # -- planning ------------------------------------------------------------------------
     @functools.cached_property
@@ -99,7 +109,7 @@ class Runtime:
                     status.model_dump(mode="json", by_alias=True, exclude_none=True),
                 )
                 try:
-                    await asyncio.to_thread(self.kube.patch_pool_status, name, patch)
+                    await run_blocking(self.kube.patch_pool_status, name, patch)
                 except ApiException as error:
                     # One pool (e.g. deleted meanwhile) must not keep the others stale.
                     log.warning(
@@ -115,9 +125,8 @@ class Runtime:
             self.wake_all_jobs()
 
     def wake_all_jobs(self) -> None:
-        if self.queue is not None:
-            for key in sorted(self.jobs):
-                self.queue.enqueue(key)
+        for key in sorted(self.jobs):
+            self.queue.enqueue(key)
 
     # -- TrainingJobs --------------------------------------------------------------------
     def forget_job(self, key: JobKey) -> None:
@@ -128,14 +137,13 @@ class Runtime:
 
     def _requeue_later(self, key: JobKey) -> Callable[[float], None]:
         def requeue_after(seconds: float) -> None:
-            if self.queue is not None:
-                asyncio.get_running_loop().call_later(seconds, self.queue.enqueue, key)
+            asyncio.get_running_loop().call_later(seconds, self.queue.enqueue, key)
 
         return requeue_after
 
     async def reconcile_job(self, key: JobKey) -> None:
         namespace, name = key
-        body = await asyncio.to_thread(self.kube.get_job, namespace, name)
+        body = await run_blocking(self.kube.get_job, namespace, name)
         if body is None:
             self.forget_job(key)
             return
@@ -155,13 +163,19 @@ class Runtime:
                 ref,
                 raw_status=parsed.raw_status,
                 outcome=Outcome(status=status),
-                now=now,
                 requeue_after=self._requeue_later(key),
             )
             return
         nodes = await read_nodes(self.kube, self.indices.get("nodes"))
-        observed = await observe(self.kube, parsed.job, self.config.profile_namespace, nodes)
-        outcome = await asyncio.to_thread(
+        # Read every pass: newly measured profiles are a reason to replan (policy Auto).
+        measured = await read_profiles(
+            self.kube,
+            self.profile_store,
+            self.indices.get("profiles"),
+            self.config.profile_namespace,
+        )
+        observed = await observe(self.kube, parsed.job, measured, nodes)
+        outcome = await run_blocking(
             reconcile,
             observed,
             self.planning.planner((namespace, name, parsed.job.uid)),
@@ -174,11 +188,10 @@ class Runtime:
             ref,
             raw_status=parsed.raw_status,
             outcome=outcome,
-            now=now,
             requeue_after=self._requeue_later(key),
         )
         if outcome.collect and await collect_results(
-            self.kube, ref, outcome.collect, self.config.profile_namespace, now
+            self.kube, ref, outcome.collect, self.config.profile_namespace
         ):
             self.wake_all_jobs()
         workers = outcome.status.workers
@@ -191,22 +204,31 @@ class Runtime:
         metrics.publish_pod_phases(self.pod_phases.values())
 
     # -- lifecycle -----------------------------------------------------------------------
-    def start(self) -> None:
-        self.queue = WorkQueue(self.reconcile_job)
-        self.pools = Coalesced(self.refresh_pools)
-        self.tasks = [asyncio.create_task(self.queue.work()) for _ in range(self.config.workers)]
-        self.tasks.append(asyncio.create_task(self._resync()))
+    def ensure_started(self) -> None:
+        """Start the queue workers and the resync loop, once, from inside a Kopf handler.
+
+        Inside a handler, because Kopf binds its Event posting queue to the tasks that
+        process watch events (context variables, not set in startup handlers): tasks
+        created here inherit it, so `kopf.event` from a reconcile posts through Kopf.
+        """
+        if self.supervisor.started or self._stopping:
+            return
+        for number in range(self.config.workers):
+            self.supervisor.spawn(f"queue-worker-{number}", self.queue.work())
+        self.supervisor.spawn("resync", self._resync())
 
     async def _resync(self) -> None:
         # Level-triggered safety net: whatever a missed event left behind is fixed here.
         while True:
             await asyncio.sleep(self.config.resync_seconds)
             self.wake_all_jobs()
-            if self.pools is not None:
+            try:
                 await self.pools.kick()
+            except Exception:
+                # One failed refresh must not end the loop; the next round tries again.
+                log.exception("GPUPool refresh failed during resync")
 
     async def stop(self) -> None:
         await asyncio.to_thread(self.planning.shutdown)  # SIGTERM must not wait for searches
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self._stopping = True
+        await self.supervisor.stop()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sailplan.operator.profilestore import parse_profile_configmaps
+from sailplan.operator.profilestore import ProfileStore, parse_profile_configmaps
 from sailplan.planner.profiles.types import (
     BandwidthCurve,
     ComputeProfile,
@@ -59,3 +59,35 @@ def test_broken_documents_are_reported_and_skipped() -> None:
     assert len(profiles.compute) == 1
     assert len(problems) == 2
     assert all(p.startswith("ConfigMap bad key ") for p in problems)
+
+
+def _configmap(name: str, version: str, tp: int) -> dict[str, object]:
+    return {
+        "metadata": {"name": name, "resourceVersion": version},
+        "data": {"p.json": _compute(tp).model_dump_json()},
+    }
+
+
+def test_the_index_store_parses_a_configmap_once_per_resource_version() -> None:
+    store = ProfileStore()
+    first, parsed = store.parsed(_configmap("a", "10", 1))
+    again, reparsed = store.parsed(_configmap("a", "10", 1))
+    changed, parsed_change = store.parsed(_configmap("a", "11", 2))
+    assert (parsed, reparsed, parsed_change) == (True, False, True)
+    assert again is first
+    assert [c.tensor_parallel for c in changed.compute] == [2]
+
+
+def test_the_combined_profile_set_follows_the_index_and_skips_bad_documents() -> None:
+    store = ProfileStore()
+    good, _ = store.parsed(_configmap("b", "1", 2))
+    bad, _ = store.parsed(
+        {"metadata": {"name": "a", "resourceVersion": "2"}, "data": {"x.json": "{"}}
+    )
+    assert len(bad.problems) == 1 and "ConfigMap a key x.json" in bad.problems[0]
+    profiles = store.profiles([bad, good])
+    assert [c.tensor_parallel for c in profiles.compute] == [2]
+    assert store.profiles([good, bad]) is profiles  # unchanged index: the same set
+    newer, _ = store.parsed(_configmap("b", "3", 4))
+    assert [c.tensor_parallel for c in store.profiles([bad, newer]).compute] == [4]
+    assert store.profiles([bad]).compute == ()  # a deleted ConfigMap's profiles go
