@@ -11,6 +11,7 @@ server's bounds and CEL rules); the Plan page walks pydantic's JSON schema of th
 
 from __future__ import annotations
 
+import html
 import inspect
 import json
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel
 
-from sailplan.operator.api import gpupool, trainingjob
+from sailplan.operator.api import crd, gpupool, trainingjob
 from sailplan.operator.api.schema import structural_schema
 from sailplan.planner import plan
 
@@ -33,6 +34,8 @@ _BOUND_WORDS: Final = (
     ("format", "format {}"),
 )
 
+
+_SCOPES: Final = {"Namespaced": "namespaced", "Cluster": "cluster-scoped"}
 
 # Characters that Markdown or HTML would interpret inside a table cell.
 _MARKUP: Final = frozenset("|*_[]()\\`<>&{}#+-.!~")
@@ -82,21 +85,16 @@ def reference_pages() -> list[ReferencePage]:
         ReferencePage(
             "reference/trainingjob.md",
             _crd_page(
-                "TrainingJob",
+                crd.trainingjob_crd(),
                 trainingjob.TrainingJob,
                 trainingjob.TrainingJobSpec,
                 trainingjob.TrainingJobStatus,
-                "namespaced, short name `tj`",
             ),
         ),
         ReferencePage(
             "reference/gpupool.md",
             _crd_page(
-                "GPUPool",
-                gpupool.GPUPool,
-                gpupool.GPUPoolSpec,
-                gpupool.GPUPoolStatus,
-                "cluster-scoped, short name `gpool`",
+                crd.gpupool_crd(), gpupool.GPUPool, gpupool.GPUPoolSpec, gpupool.GPUPoolStatus
             ),
         ),
         ReferencePage("reference/plan.md", _plan_page()),
@@ -115,7 +113,7 @@ def render_table(rows: list[FieldRow]) -> str:
             row.type,
             "yes" if row.required else "",
             f"`{row.default}`" if row.default else "",
-            row.description,
+            html.escape(row.description, quote=False),
             row.constraints,
         )
         lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
@@ -123,19 +121,37 @@ def render_table(rows: list[FieldRow]) -> str:
 
 
 def _crd_page(
-    kind: str,
+    definition: dict[str, Any],
     model: type[BaseModel],
     spec: type[BaseModel],
     status: type[BaseModel],
-    scope: str,
 ) -> str:
+    """A CRD's page: identity, `kubectl get` columns, object-level rules, spec and status."""
+    names = definition["spec"]["names"]
+    version = definition["spec"]["versions"][0]
+    root = version["schema"]["openAPIV3Schema"]
+    short_names = ", ".join(f"`{name}`" for name in names.get("shortNames", ()))
     module_doc = inspect.getdoc(inspect.getmodule(model)) or ""
+    columns = "\n".join(
+        f"| {column['name']} | `{column['jsonPath']}` | {column['description']} |"
+        + (" with `-o wide` |" if column.get("priority") else " always |")
+        for column in version.get("additionalPrinterColumns", ())
+    )
+    rules = "".join(
+        f"- {_cell(rule.get('message') or rule['rule'])}\n"
+        for rule in root.get("x-kubernetes-validations", ())
+    )
     return (
-        f"# {kind} reference\n\n"
-        f"`sailplan.dev/v1alpha1`, {scope}. Generated at docs build time from "
+        f"# {names['kind']} reference\n\n"
+        f"`{definition['spec']['group']}/{version['name']}`, {_SCOPES[definition['spec']['scope']]}, "
+        f"short names {short_names}. Generated at docs build time from "
         f"`{spec.__module__}`; the CRD in `crds/` is rendered from the same models.\n\n"
         f"{_first_paragraph(module_doc)}\n\n"
-        "## spec\n\n"
+        "## kubectl get\n\n"
+        "| column | from | meaning | shown |\n| --- | --- | --- | --- |\n"
+        f"{columns}\n\n"
+        + (f"## Rules on the whole object\n\n{rules}\n" if rules else "")
+        + "## spec\n\n"
         f"{render_table(crd_rows(spec, 'spec'))}\n"
         "## status\n\n"
         "Written by the operator only (through the status subresource).\n\n"
