@@ -70,6 +70,10 @@ class GPUSpec(BaseModel):
     intra_node_link: str
     intra_node_bytes_per_s: float = Field(gt=0)
     node_network_bytes_per_s: float = Field(gt=0, description="NIC bandwidth of one node")
+    vm_egress_bytes_per_s: dict[int, float] = Field(
+        default_factory=dict,
+        description="documented network egress of a VM/node shape, by GPUs per node",
+    )
     prices: dict[str, GPUPrice]
     aliases: tuple[str, ...] = ()
 
@@ -82,6 +86,19 @@ class GPUSpec(BaseModel):
     @property
     def memory_bytes(self) -> int:
         return int(self.memory_gib * GIB)
+
+    def node_egress_bytes_per_s(self, gpus_per_node: int) -> float:
+        """Documented NIC cap of a node with `gpus_per_node` of these GPUs.
+
+        The shape's own figure, else the largest documented shape below it (a bigger VM is
+        never slower), else node_network_bytes_per_s.
+        """
+        if gpus_per_node in self.vm_egress_bytes_per_s:
+            return self.vm_egress_bytes_per_s[gpus_per_node]
+        smaller = [n for n in self.vm_egress_bytes_per_s if n <= gpus_per_node]
+        if smaller:
+            return self.vm_egress_bytes_per_s[max(smaller)]
+        return self.node_network_bytes_per_s
 
     def price(self, region: str, spot: bool) -> float:
         entry = self.prices.get(region) or self.prices[DEFAULT_PRICE_REGION]

@@ -34,7 +34,7 @@ import numpy.typing as npt
 from sailplan.planner.api import Infeasible, Planned, PlanRequest, PlanResult
 from sailplan.planner.catalog import Catalog
 from sailplan.planner.plan import Plan, Stage
-from sailplan.planner.profiles.types import BandwidthCurve, ProfileSet
+from sailplan.planner.profiles.types import ProfileSet
 from sailplan.planner.search import stagedp
 from sailplan.planner.search.capacity import CapacityModel, KindServers, TypeServers
 from sailplan.planner.search.explain import describe_inputs, reasons
@@ -42,6 +42,7 @@ from sailplan.planner.search.objective import Goal, TopK
 from sailplan.planner.search.placement import StageShape, place
 from sailplan.planner.search.terms import KindTables, kind_tables
 from sailplan.planner.simulator import PlanningContext, simulate
+from sailplan.planner.simulator.collectives import AllReduceLayout
 from sailplan.planner.simulator.costs import CostModel, Endpoint
 
 GIB = 1024**3
@@ -238,14 +239,21 @@ class Search:
         pool = max(pools, key=lambda p: (p.gpus_per_node, p.gpus, p.name))
         return Endpoint(pool=pool.name, gpu_type=gpu_type, zone=zone)
 
-    def _spanning_ring_curve(self, gpu_type: str, tp: int) -> BandwidthCurve | None:
-        """The fastest cross-zone link a ring of this type can have: a zone-spanning
-        stage's all-reduce is at least that slow."""
+    def _spanning_layout(self, gpu_type: str, tp: int, dp: int) -> AllReduceLayout | None:
+        """The fastest layout a zone-spanning stage of this type can have (its all-reduce is
+        at least that slow): dp replicas split over the best pair of zones."""
         ends = [e for z in self.zones if (e := self._representative(gpu_type, tp, z)) is not None]
         if len(ends) < 2:
             return None
-        curves = [self.costs.ring_curve([a, b], tp) for a, b in combinations(ends, 2)]
-        return max(curves, key=lambda c: (c.bytes_per_second(64e6), c.coefficients))
+        layouts = [
+            self.costs.allreduce_layout([a] * (dp - dp // 2) + [b] * (dp // 2), tp)
+            for a, b in combinations(ends, 2)
+        ]
+        probe = np.array([64e6])
+        return min(
+            layouts,
+            key=lambda lay: float(self.costs.allreduce_seconds_array(probe, lay, tp)[0]),
+        )
 
     def kinds(self, mbs: int, dp: int) -> tuple[list[_KindKey], list[KindTables]]:
         keys: list[_KindKey] = []
@@ -258,17 +266,17 @@ class Search:
                     endpoint = self._representative(gpu_type, tp, zone)
                     if endpoint is None:
                         continue
-                    curve = self.costs.ring_curve([endpoint, endpoint], tp)
+                    layout = self.costs.allreduce_layout([endpoint] * dp, tp)
                     built = kind_tables(
-                        self.costs, gpu_type=gpu_type, tp=tp, mbs=mbs, dp=dp, ring_curve=curve
+                        self.costs, gpu_type=gpu_type, tp=tp, mbs=mbs, dp=dp, layout=layout
                     )
                     if built is not None:
                         keys.append(_KindKey(gpu_type, tp, zone))
                         tables.append(built)
-                spanning = self._spanning_ring_curve(gpu_type, tp) if dp > 1 else None
+                spanning = self._spanning_layout(gpu_type, tp, dp) if dp > 1 else None
                 if spanning is not None:
                     built = kind_tables(
-                        self.costs, gpu_type=gpu_type, tp=tp, mbs=mbs, dp=dp, ring_curve=spanning
+                        self.costs, gpu_type=gpu_type, tp=tp, mbs=mbs, dp=dp, layout=spanning
                     )
                     if built is not None:
                         keys.append(_KindKey(gpu_type, tp, ""))

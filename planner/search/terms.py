@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from sailplan.planner.profiles.types import BandwidthCurve
+from sailplan.planner.simulator.collectives import AllReduceLayout
 from sailplan.planner.simulator.costs import CostModel, StageTable
 
 FloatMatrix = npt.NDArray[np.float64]
@@ -78,9 +78,9 @@ def kind_tables(
     tp: int,
     mbs: int,
     dp: int,
-    ring_curve: BandwidthCurve,
+    layout: AllReduceLayout,
 ) -> KindTables | None:
-    """Matrices for a stage of `dp` replicas of (gpu_type, tp) whose ring runs over ring_curve."""
+    """Matrices for a stage of `dp` replicas of (gpu_type, tp) whose all-reduce runs on layout."""
     table = costs.table(gpu_type, tp, mbs)
     if table is None:
         return None
@@ -90,13 +90,13 @@ def kind_tables(
     update = _range_matrix(table.update)
     params = _range_matrix(table.params)
     grads = np.where(upper, params * tp * costs.constants.gradient_bytes, 0.0)
-    allreduce = costs.allreduce_seconds_array(grads, dp, ring_curve)
+    allreduce = costs.allreduce_seconds_array(grads, layout, tp)
     if costs.constants.overlap_allreduce and dp > 1:
         # simulate(): what the last backward cannot hide, at least the last bucket
         bucket = costs.constants.bucket_bytes
         last = grads - bucket * np.floor(np.maximum(grads - 1e-9, 0.0) / bucket)
         hidden = np.maximum(0.0, allreduce - _range_matrix(table.backward))
-        allreduce = np.maximum(hidden, costs.allreduce_seconds_array(last, dp, ring_curve))
+        allreduce = np.maximum(hidden, costs.allreduce_seconds_array(last, layout, tp))
     tail = allreduce + update
     activations = _range_matrix(table.activations)
     boundary = np.zeros((n, 1))

@@ -30,9 +30,9 @@ Optimizer = Literal["adam", "sgd"]
 class SimulatorConstants:
     """Calibrated constants of the cost model.
 
-    Calibrated once, on the 15 real GH200 OPT-350M runs of the Sailor artifact
-    (benchmarks/simulator_accuracy.py refits them, prints the errors and a leave-one-out
-    cross-validation that shows the fit does not depend on any single run):
+    The two memory constants are fitted on the 15 real GH200 OPT-350M runs of the Sailor
+    artifact (benchmarks/simulator_accuracy.py refits them on training folds only and prints
+    the leave-one-run-out and leave-one-configuration-out errors); the rest are sourced:
 
     - framework_overhead_bytes: memory every rank uses outside the tensors the model
       accounts for (CUDA context, cuBLAS/NCCL workspaces, fused-kernel modules). Least
@@ -41,14 +41,9 @@ class SimulatorConstants:
     - activation_allocator_factor: the caching allocator reserves more than the
       activations it holds (block rounding, fragmentation between micro-batches): 1.06 from
       the same least-squares fit (the Korthikanti formula is otherwise used as is).
-    - p2p_efficiency: share of the measured point-to-point bandwidth curve a pipeline
-      transfer gets inside the training loop (blocking send/recv between compute, tensor
-      metadata, synchronisation with the peer): 0.4, the best fit on the multi-stage runs.
-    - collective_efficiency: the same for the gradient all-reduce against the ring model
-      on the point-to-point curve (flattening copies, bucket serialisation, the ring's
-      per-step latency): 0.15. This is the least portable constant: it was fitted on
-      Slingshot-11 with NCCL's OFI plugin, and networks that reach their p2p rate in
-      collectives will be over-charged for data parallelism.
+    Communication has no constant here: it is priced from the network's bandwidths and
+    NCCL's algorithms (simulator/collectives.py, CostModel.p2p_seconds), each input a
+    measured profile or a catalog datasheet figure.
     - adam_bytes_per_param: mixed-precision Adam: fp16 weights (2) + fp16 gradients (2) +
       fp32 master weights, momentum and variance (12) = 16 (ZeRO paper, Sec. 3.1).
     - sgd_bytes_per_param: fp16 weights + fp16 gradients + fp32 master weights = 8.
@@ -64,8 +59,6 @@ class SimulatorConstants:
 
     framework_overhead_bytes: float = 5.15e9
     activation_allocator_factor: float = 1.06
-    p2p_efficiency: float = 0.4
-    collective_efficiency: float = 0.15
     adam_bytes_per_param: float = 16.0
     sgd_bytes_per_param: float = 8.0
     gradient_bytes: int = 2

@@ -27,6 +27,15 @@ import numpy.typing as npt
 from sailplan.planner.cluster import region_of
 from sailplan.planner.profiles.memory import boundary_activation_bytes, layer_activation_bytes
 from sailplan.planner.profiles.types import BandwidthCurve, LinkClass
+from sailplan.planner.simulator.collectives import (
+    NETWORK_HOP_LATENCY_S,
+    NVLINK_HOP_LATENCY_S,
+    PCIE_HOP_LATENCY_S,
+    AllReduceLayout,
+)
+from sailplan.planner.simulator.collectives import (
+    allreduce_seconds as collective_allreduce_seconds,
+)
 
 if TYPE_CHECKING:
     from sailplan.planner.simulator.context import PlanningContext
@@ -135,6 +144,28 @@ def transfer_seconds_array(curve: BandwidthCurve, nbytes: FloatArray) -> FloatAr
     rate = np.clip((c0 * x * x + c1 * x + c2) * 1e9, curve.min_bytes_per_s, curve.max_bytes_per_s)
     seconds: FloatArray = np.where(positive, curve.latency_s + safe / rate, 0.0)
     return seconds
+
+
+def flat_curve(bytes_per_s: float) -> BandwidthCurve:
+    """A link that runs at one rate whatever the message size (a datasheet figure)."""
+    return BandwidthCurve(
+        coefficients=(0.0, 0.0, bytes_per_s / 1e9),
+        max_bytes_per_s=bytes_per_s,
+        min_bytes_per_s=min(1e6, bytes_per_s),
+    )
+
+
+def scaled_curve(curve: BandwidthCurve, factor: float) -> BandwidthCurve:
+    """`curve` with every rate multiplied by `factor` (a share of a NIC, another shape)."""
+    if factor == 1.0:
+        return curve
+    c0, c1, c2 = curve.coefficients
+    return BandwidthCurve(
+        coefficients=(c0 * factor, c1 * factor, c2 * factor),
+        max_bytes_per_s=curve.max_bytes_per_s * factor,
+        min_bytes_per_s=curve.min_bytes_per_s * factor,
+        latency_s=curve.latency_s,
+    )
 
 
 class CostModel:
@@ -285,17 +316,71 @@ class CostModel:
         gpus = max(1, min(tp, self.gpus_per_node(a), self.gpus_per_node(b)))
         return self.curve(self.link_class(a, b, same_node), a.gpu_type, b.gpu_type, gpus)
 
+    def node_nic_curve(self, gpu_type: str, gpus_per_node: int) -> BandwidthCurve:
+        """What one node of `gpus_per_node` GPUs sends to another node of its zone.
+
+        The profile measured between VMs of exactly that shape when there is one; else one
+        measured on another shape of the same GPU, scaled by the ratio of the two shapes'
+        documented egress caps (catalog vm_egress_bytes_per_s); else the documented cap
+        itself (estimated).
+        """
+        key: tuple[LinkClass, str, str, int] = ("intra-zone", gpu_type, "nic", gpus_per_node)
+        curve = self._curves.get(key)
+        if curve is None:
+            spec = self.context.catalog.gpu(gpu_type)
+            cap = spec.node_egress_bytes_per_s(gpus_per_node)
+            profile = self.context.profiles.network_profile(
+                "intra-zone", gpu_type, gpu_type, gpus_per_node
+            )
+            if profile is not None and profile.provenance.source == "measured":
+                measured_on = profile.gpus_per_node or gpus_per_node
+                scale = cap / spec.node_egress_bytes_per_s(measured_on)
+                curve = scaled_curve(profile.curve, scale)
+            else:
+                curve = flat_curve(cap)
+            self._curves[key] = curve
+        return curve
+
+    def _intra_node_link(self, gpu_type: str, gpus_per_node: int) -> tuple[BandwidthCurve, float]:
+        """Per-GPU link inside a node (measured curve or datasheet) and its hop latency."""
+        curve = self.curve("intra-node", gpu_type, gpu_type, gpus_per_node)
+        link = self.context.catalog.gpu(gpu_type).intra_node_link
+        latency = NVLINK_HOP_LATENCY_S if link.startswith("nvlink") else PCIE_HOP_LATENCY_S
+        return curve, latency
+
     def p2p_seconds(
         self, nbytes: float, a: EndpointLike, b: EndpointLike, tp: int = 1, same_node: bool = False
     ) -> float:
-        """Time to send `nbytes` from worker a to worker b."""
+        """Time to send `nbytes` (what the whole TP group sends) from worker a to worker b.
+
+        Latency + size / bandwidth on the link that carries it: the node's NVLink/PCIe when
+        both are on one node; else the sender's and receiver's NICs, each group getting the
+        share of its node's NIC its GPUs are of the node (the node's other GPUs send at the
+        same time), the slower of the two; across zones or regions the measured (or
+        estimated) link between the two zones when that is slower still.
+        """
         if nbytes <= 0:
             return 0.0
         key = (a.pool, a.gpu_type, a.zone, b.pool, b.gpu_type, b.zone, tp, same_node, nbytes)
         seconds = self._p2p.get(key)
         if seconds is None:
-            curve = self._group_curve(a, b, tp, same_node)
-            seconds = curve.transfer_seconds(nbytes) / self.constants.p2p_efficiency
+            if same_node:
+                curve, latency = self._intra_node_link(a.gpu_type, self.gpus_per_node(a))
+                rate = curve.bytes_per_second(nbytes / max(1, tp))
+            else:
+                rates = []
+                for end in (a, b):
+                    gpn = self.gpus_per_node(end)
+                    share = min(1.0, max(1, tp) / gpn)
+                    rates.append(
+                        self.node_nic_curve(end.gpu_type, gpn).bytes_per_second(nbytes) * share
+                    )
+                link = self.link_class(a, b)
+                if link != "intra-zone":
+                    rates.append(self._group_curve(a, b, tp, False).bytes_per_second(nbytes))
+                rate = min(rates)
+                latency = NETWORK_HOP_LATENCY_S
+            seconds = latency + nbytes / rate
             self._p2p[key] = seconds
         return seconds
 
@@ -304,59 +389,71 @@ class CostModel:
         """The ring NCCL would build: grouped by zone then pool, so each zone is entered once."""
         return sorted(replicas, key=lambda r: (region_of(r.zone), r.zone, r.pool, r.gpu_type))
 
+    def allreduce_layout(self, replicas: Sequence[EndpointLike], tp: int = 1) -> AllReduceLayout:
+        """Where a stage's data-parallel group runs (see collectives.AllReduceLayout).
+
+        Replicas of one pool fill its nodes in order, GPUs-per-node // TP replicas to a node
+        (the pods of a pool are packed, TP groups never straddle a node). The per-node rate
+        across nodes is the slowest of: each node's NIC times the share of the node the
+        group's GPUs are (the rest of the node reduces its own stage at the same time), and
+        every zone-crossing edge of the ring. Inside nodes: the slowest node's per-GPU link.
+        """
+        ring = self.ring_order(replicas)
+        by_pool: dict[str, list[EndpointLike]] = {}
+        for replica in ring:
+            by_pool.setdefault(replica.pool, []).append(replica)
+        ranks_per_node, nodes = 1, 0
+        intra: list[tuple[BandwidthCurve, float]] = []
+        inter: list[BandwidthCurve] = []
+        for members in by_pool.values():
+            first = members[0]
+            gpn = self.gpus_per_node(first)
+            per_node = max(1, gpn // max(1, tp))
+            on_busiest = min(per_node, len(members))
+            nodes += math.ceil(len(members) / per_node)
+            ranks_per_node = max(ranks_per_node, on_busiest)
+            if on_busiest > 1:
+                intra.append(self._intra_node_link(first.gpu_type, gpn))
+            share = min(1.0, on_busiest * tp / gpn)
+            inter.append(scaled_curve(self.node_nic_curve(first.gpu_type, gpn), share))
+        zones = [r for i, r in enumerate(ring) if i == 0 or r.zone != ring[i - 1].zone]
+        if len(zones) > 1:
+            for i, a in enumerate(zones):
+                b = zones[(i + 1) % len(zones)]
+                inter.append(self._group_curve(a, b, self.gpus_per_node(a), False))
+        probe = 64e6
+        slowest_inter = min(inter, key=lambda c: (c.bytes_per_second(probe), c.coefficients))
+        if intra:
+            intra_curve, intra_latency = min(
+                intra, key=lambda x: (x[0].bytes_per_second(probe), x[0].coefficients)
+            )
+        else:
+            intra_curve, intra_latency = flat_curve(1e12), NVLINK_HOP_LATENCY_S
+        cross_zone = len(zones) > 1
+        return AllReduceLayout(
+            ranks_per_node=ranks_per_node,
+            nodes=nodes,
+            intra_node=intra_curve,
+            intra_hop_latency_s=intra_latency,
+            inter_node=slowest_inter,
+            inter_hop_latency_s=NETWORK_HOP_LATENCY_S
+            + (max(c.latency_s for c in inter) if cross_zone else 0.0),
+        )
+
     def allreduce_seconds(
         self, nbytes: float, replicas: Sequence[EndpointLike], tp: int = 1
     ) -> float:
-        """Ring all-reduce of `nbytes` (per TP group) across the stage's data-parallel replicas.
-
-        Each bucket moves 2 (D - 1) / D of its bytes over every ring link; the ring runs at
-        its slowest link, evaluated at the bucket's message size.
-        """
-        d = len(replicas)
-        if d <= 1 or nbytes <= 0:
+        """Gradient all-reduce of `nbytes` (per TP group) across a stage's replicas."""
+        if len(replicas) <= 1 or nbytes <= 0:
             return 0.0
-        ring = self.ring_order(replicas)
-        bucket = self.constants.bucket_bytes
-        full, rest = divmod(nbytes, bucket)
-        sizes = [(bucket, int(full))] if full else []
-        if rest > 0:
-            sizes.append((rest, 1))
-        factor = 2.0 * (d - 1) / d
-        total = 0.0
-        for size, count in sizes:
-            slowest = 0.0
-            for i in range(d):
-                curve = self._group_curve(ring[i], ring[(i + 1) % d], tp, same_node=False)
-                slowest = max(slowest, curve.transfer_seconds(size * factor))
-            total += slowest * count
-        return total / self.constants.collective_efficiency
+        layout = self.allreduce_layout(replicas, tp)
+        return float(self.allreduce_seconds_array(np.array([nbytes]), layout, tp)[0])
 
     def allreduce_seconds_array(
-        self, nbytes: FloatArray, dp: int, curve: BandwidthCurve
+        self, nbytes: FloatArray, layout: AllReduceLayout, tp: int
     ) -> FloatArray:
-        """allreduce_seconds for many gradient sizes at once, every ring link on `curve`.
-
-        The search's vectorized form: equal to allreduce_seconds(n, replicas, tp) when
-        `curve` is the ring's slowest link (same buckets, same efficiency).
-        """
-        sizes = np.asarray(nbytes, dtype=np.float64)
-        if dp <= 1:
-            return np.zeros_like(sizes)
-        factor = 2.0 * (dp - 1) / dp
-        bucket = self.constants.bucket_bytes
-        full = np.floor(np.maximum(sizes, 0.0) / bucket)
-        rest = np.maximum(sizes, 0.0) - full * bucket
-        one = float(transfer_seconds_array(curve, np.array([bucket * factor]))[0])
-        total = full * one + transfer_seconds_array(curve, rest * factor)
-        result: FloatArray = total / self.constants.collective_efficiency
-        return result
-
-    def ring_curve(self, replicas: Sequence[EndpointLike], tp: int = 1) -> BandwidthCurve:
-        """The slowest link of the stage's ring at a 64 MB message (what the search prices)."""
-        ring = self.ring_order(replicas)
-        d = len(ring)
-        curves = [self._group_curve(ring[i], ring[(i + 1) % d], tp, False) for i in range(d)]
-        return min(curves, key=lambda c: c.bytes_per_second(64e6))
+        """allreduce_seconds for many gradient sizes at once on one layout (the search's form)."""
+        return collective_allreduce_seconds(layout, nbytes, tp, self.constants.bucket_bytes)
 
     def allreduce_last_bucket_seconds(
         self, nbytes: float, replicas: Sequence[EndpointLike], tp: int = 1

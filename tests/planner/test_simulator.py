@@ -25,14 +25,14 @@ from sailplan.planner.simulator import (
     profile_refs,
     simulate,
 )
+from sailplan.planner.simulator.collectives import NCCL_BASE_LATENCY_S, NETWORK_HOP_LATENCY_S
 
 MODEL = ModelSpec(
     name="tiny", hidden_size=64, num_blocks=4, num_heads=4, vocab_size=128, sequence_length=32
 )  # 6 layers: embedding, 4 blocks, head
 MEASURED = Provenance(source="measured", tool="test")
 BANDWIDTH = 1e6  # bytes/s on every inter-node link: slow enough that transfers show
-# exact link speeds: the efficiencies calibrated on real runs would only blur the arithmetic
-CONSTANTS = SimulatorConstants(p2p_efficiency=1.0, collective_efficiency=1.0)
+CONSTANTS = SimulatorConstants()
 
 
 def compute(gpu: str, mbs: int, layer_s: float, tp: int = 1) -> ComputeProfile:
@@ -112,7 +112,8 @@ def test_single_stage_is_micro_batches_times_compute_plus_update() -> None:
 def test_two_stage_1f1b_matches_the_hand_computed_schedule() -> None:
     p = simulate(plan((3,), [(A,), (A,)], micro=4), context())
     t = 3 * 3e-3  # each stage: 3 layers x (1 ms forward + 2 ms backward)
-    x = 2 * 32 * 64 / BANDWIDTH  # one fp16 activation of 32 tokens x 64 hidden over 1 MB/s
+    # one fp16 activation of 32 tokens x 64 hidden over 1 MB/s, after one network hop
+    x = NETWORK_HOP_LATENCY_S + 2 * 32 * 64 / BANDWIDTH
     # warm-up + cool-down: the first micro-batch crosses both stages and the boundary both
     # ways; the other 3 leave at the bottleneck cycle (a stage's compute plus its transfer).
     expected = (t + t) + 2 * x + 3 * (t + x)
@@ -149,7 +150,8 @@ def test_cross_zone_stages_pay_egress_and_same_zone_ones_do_not() -> None:
 def test_data_parallel_ring_all_reduce_and_its_egress() -> None:
     p = simulate(plan((), [(A, A, B, B)]), context())
     grads = 2 * MODEL.total_parameters()  # fp16 gradients of the whole model
-    ring = 2 * 3 / 4 * grads / BANDWIDTH  # ring all-reduce over 4 replicas
+    # ring all-reduce over 4 one-GPU nodes: 2 (N - 1) network hops, NCCL's base latency
+    ring = 2 * 3 / 4 * grads / BANDWIDTH + 2 * 3 * NETWORK_HOP_LATENCY_S + NCCL_BASE_LATENCY_S
     assert p.allreduce_seconds == pytest.approx(ring)
     # the zone-sorted ring a, a, b, b crosses zones twice (b -> a closes the ring)
     assert p.egress_bytes_per_iteration == pytest.approx(2 * (2 * 3 / 4 * grads))
@@ -163,8 +165,11 @@ def test_overlapping_the_all_reduce_hides_what_the_last_backward_covers() -> Non
         plan((), [(A, A)]), context(dataclasses.replace(buckets, overlap_allreduce=True))
     )
     backward = 6 * 2e-3  # the last micro-batch's backward runs under the reduction
-    last_bucket = 2 * 1 / 2 * (grads / 4) / BANDWIDTH
-    assert exposed.allreduce_seconds == pytest.approx(2 * 1 / 2 * grads / BANDWIDTH)
+    per_bucket_latency = 2 * NETWORK_HOP_LATENCY_S + NCCL_BASE_LATENCY_S
+    last_bucket = 2 * 1 / 2 * (grads / 4) / BANDWIDTH + per_bucket_latency
+    assert exposed.allreduce_seconds == pytest.approx(
+        2 * 1 / 2 * grads / BANDWIDTH + 4 * per_bucket_latency
+    )
     assert hidden.allreduce_seconds == pytest.approx(
         max(exposed.allreduce_seconds - backward, last_bucket)
     )

@@ -61,12 +61,13 @@ def test_prefix_sums_give_range_sums() -> None:
 def test_vectorized_transfer_and_allreduce_equal_the_scalar_ones() -> None:
     costs = context().costs
     replicas = [Endpoint("a", "A100-40", "us-central1-a")] * 3
-    curve = costs.ring_curve(replicas)
+    curve = costs.node_nic_curve("A100-40", 1)
     sizes = np.array([0.0, 1e3, 1e6, 7e8, 1.3e9])
     assert transfer_seconds_array(curve, sizes) == pytest.approx(
         [curve.transfer_seconds(s) for s in sizes]
     )
-    assert costs.allreduce_seconds_array(sizes, 3, curve) == pytest.approx(
+    layout = costs.allreduce_layout(replicas)
+    assert costs.allreduce_seconds_array(sizes, layout, 1) == pytest.approx(
         [costs.allreduce_seconds(s, replicas) for s in sizes]
     )
 

@@ -1,0 +1,116 @@
+"""Gradient all-reduce time of one stage from the network's physics, with no fitted constant.
+
+The cost model (costs.CostModel) describes where a stage's data-parallel group sits: how
+many of its replicas share a node (`ranks_per_node`), over how many nodes it spreads
+(`nodes`), the per-GPU link inside a node and the per-node rate across nodes (the slowest
+node's NIC or the slowest zone-crossing edge of the ring). This module turns that layout
+into seconds the way NCCL runs the collective, vectorized over gradient sizes because the
+search prices every layer range of a stage at once (search/terms.py) and simulate() prices
+one: both call `allreduce_seconds`, so they agree exactly.
+
+The algorithm (per gradient bucket; DeepSpeed/Megatron reduce in buckets):
+
+- every TP rank of a replica runs its own data-parallel communicator over a shard of
+  S = bucket / TP bytes; the TP communicators of a node run at the same time;
+- inside a node (k replicas of the stage on it): reduce-scatter + all-gather over the node's
+  NVLink/NVSwitch/PCIe, 2 (k - 1) / k x S at the per-GPU link rate;
+- across nodes (N of them): each node moves the bus bytes of all its TP communicators
+  through its NIC, the ring's 2 (N - 1) / N x bucket or the tree's 2 x bucket (NCCL's double
+  binary tree sends and receives the whole buffer once in each half), at the per-node rate
+  evaluated at the message one rank sends (S / k); NCCL picks ring or tree by which is
+  faster, which makes the tree win for small messages on many nodes (fewer latency steps)
+  and the ring for large ones (fewer bytes);
+- latencies are NCCL's own model for the Simple protocol (src/graph/tuning.cc: base 8.4 us
+  per collective, 3.4 us per NVLink hop, 5.7 us per PCIe hop, 14 us per network hop).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from sailplan.planner.profiles.types import BandwidthCurve
+
+FloatArray = npt.NDArray[np.float64]
+
+# NCCL src/graph/tuning.cc, Simple protocol (the one bulk gradient reductions use).
+NCCL_BASE_LATENCY_S = 8.4e-6
+NVLINK_HOP_LATENCY_S = 3.4e-6
+PCIE_HOP_LATENCY_S = 5.7e-6
+NETWORK_HOP_LATENCY_S = 14e-6
+
+
+@dataclass(frozen=True)
+class AllReduceLayout:
+    """Where one stage's data-parallel group runs, as the collective sees it.
+
+    ranks_per_node: replicas of the stage on the busiest node (k >= 1);
+    nodes: nodes the group spans (N >= 1);
+    intra_node: per-GPU link rate inside a node against message size;
+    intra_hop_latency_s: NVLink or PCIe hop latency of that link;
+    inter_node: per-node rate across nodes against message size (the slowest node's NIC, its
+        share of it when other groups cross the same NIC, or a slower zone-crossing edge);
+    inter_hop_latency_s: one network hop (larger across zones and regions).
+    """
+
+    ranks_per_node: int
+    nodes: int
+    intra_node: BandwidthCurve
+    intra_hop_latency_s: float
+    inter_node: BandwidthCurve
+    inter_hop_latency_s: float
+
+    @property
+    def members(self) -> int:
+        return self.ranks_per_node * self.nodes
+
+
+def _rate(curve: BandwidthCurve, message_bytes: FloatArray) -> FloatArray:
+    """Bytes/s of `curve` at each message size (the curve's clamps applied)."""
+    safe = np.maximum(message_bytes, 1.0)
+    x = np.log2(safe / 1e6)
+    c0, c1, c2 = curve.coefficients
+    gbps = c0 * x * x + c1 * x + c2
+    rate: FloatArray = np.clip(gbps * 1e9, curve.min_bytes_per_s, curve.max_bytes_per_s)
+    return rate
+
+
+def _bucket_seconds(layout: AllReduceLayout, bucket: FloatArray, tp: int) -> FloatArray:
+    """All-reduce time of one bucket of `bucket` bytes per TP group (array-wise)."""
+    k, n = layout.ranks_per_node, layout.nodes
+    shard = bucket / tp
+    seconds = np.zeros_like(bucket)
+    if k > 1:
+        moved = 2.0 * (k - 1) / k * shard
+        seconds += moved / _rate(layout.intra_node, shard / k)
+        seconds += 2 * (k - 1) * layout.intra_hop_latency_s
+    if n > 1:
+        rate = _rate(layout.inter_node, shard / k)
+        ring = 2.0 * (n - 1) / n * bucket / rate + 2 * (n - 1) * layout.inter_hop_latency_s
+        depth = math.ceil(math.log2(n))
+        tree = 2.0 * bucket / rate + 2 * depth * layout.inter_hop_latency_s
+        seconds += np.minimum(ring, tree)
+    seconds += NCCL_BASE_LATENCY_S
+    return seconds
+
+
+def allreduce_seconds(
+    layout: AllReduceLayout, group_bytes: FloatArray, tp: int, bucket_bytes: float
+) -> FloatArray:
+    """Seconds to all-reduce `group_bytes` (gradient bytes of one TP group, per entry).
+
+    Zero where the group has one member or nothing to reduce; buckets of `bucket_bytes`
+    run one after the other.
+    """
+    sizes = np.maximum(np.asarray(group_bytes, dtype=np.float64), 0.0)
+    if layout.members <= 1:
+        return np.zeros_like(sizes)
+    full = np.floor(sizes / bucket_bytes)
+    rest = sizes - full * bucket_bytes
+    one_bucket = float(_bucket_seconds(layout, np.array([bucket_bytes]), tp)[0])
+    total = full * one_bucket + np.where(rest > 0, _bucket_seconds(layout, rest, tp), 0.0)
+    result: FloatArray = np.where(sizes > 0, total, 0.0)
+    return result
