@@ -40,3 +40,26 @@ def test_iteration_time_and_peak_memory_within_15_percent_mae() -> None:
     assert sum(memory_errors) / len(memory_errors) < 0.15
     # no single plan is far off either
     assert max(time_errors) < 0.30 and max(memory_errors) < 0.30
+
+
+def test_the_simulator_picks_the_fastest_measured_plan_of_every_alternative_set() -> None:
+    """Zero regret: among measured plans on the same GPUs and global batch, the one the
+    simulator predicts fastest is the one that ran fastest."""
+    if not VALIDATION.is_dir():
+        pytest.skip(f"the Sailor artifact's GH200 validation runs are not at {VALIDATION}")
+    catalog = default_catalog()
+    model = catalog.model("OPT-350M")
+    profiles = monotone_in_micro_batch(import_artifact(ARTIFACT, catalog).profiles)
+    groups: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for _, run in load_validation_plans(VALIDATION, model, catalog):
+        context = PlanningContext(model=model, cluster=run.cluster, profiles=profiles)
+        predicted = simulate(run.plan, context).iteration_seconds
+        gpus = sum(w.tensor_parallel for w in run.plan.workers())
+        assert run.measured_iteration_seconds
+        key = (gpus, run.plan.global_batch_size)
+        groups.setdefault(key, []).append((predicted, run.measured_iteration_seconds))
+    sets = [members for members in groups.values() if len(members) > 1]
+    assert len(sets) >= 4
+    for members in sets:
+        picked = min(members)[1]
+        assert picked == min(real for _, real in members)
