@@ -1,6 +1,6 @@
 """One reconcile pass of a TrainingJob, as a pure function.
 
-`reconcile(observed, planner, catalog, now)` looks at the job, the GPUPools, the nodes, the
+`reconcile(observed, planner, catalog, now, config)` looks at the job, the GPUPools, the nodes, the
 job's plan ConfigMaps and worker pods (all as stored in the cluster) and returns what to
 create, delete and annotate, the job's new status and the Events to record.
 
@@ -13,6 +13,11 @@ when new capacity, prices or the objective make another plan worth its restart c
 current plan is the one of `status.replan.generation`, not the newest ConfigMap, so a
 switch the operator was interrupted in is resumed, never half-adopted. A job whose status
 lost its replan state adopts the newest plan ConfigMap and recreates only the missing pods.
+
+The planner answers at once (sailplan.operator.search): while its search runs the pass
+reports condition Planning and changes nothing else, and the planning service wakes the job
+when the search ends. Each path of the pass states what it found as `Facts`; the status
+conditions follow from them through the table in reconcile.conditions.
 """
 
 from __future__ import annotations
@@ -38,7 +43,14 @@ from sailplan.operator.profiling.status import COND_PROFILING, ObservedJob
 from sailplan.operator.profiling.step import Collect, ProfilingStep, profiling_step, reserve
 from sailplan.operator.reconcile import naming
 from sailplan.operator.reconcile.children import RenderError, controller_uid, desired_children
-from sailplan.operator.reconcile.conditions import planning_condition
+from sailplan.operator.reconcile.conditions import (
+    CurrentPlan,
+    Facts,
+    Problem,
+    conditions,
+    phase_of,
+    planning_condition,
+)
 from sailplan.operator.reconcile.nodes import NodeInfo
 from sailplan.operator.reconcile.snapshot import PoolSelectionError, select_pools
 from sailplan.operator.reconcile.summary import KubeEvent, summarize
@@ -52,9 +64,7 @@ from sailplan.operator.replan.decision import (
 )
 from sailplan.operator.replan.state import (
     PHASE_DRAINING,
-    PHASE_FAILED,
     PHASE_SWITCHING,
-    PHASE_WAITING,
     ReplanState,
 )
 from sailplan.operator.search import Planner, PlannerAnswer, SearchFailed, Searching
@@ -178,23 +188,18 @@ def plan_summary(plan: Plan, generation: int) -> PlanSummary:
     )
 
 
-def _condition(type_: str, ok: bool, reason: str, message: str, generation: int) -> Condition:
-    return Condition(
-        type=type_,
-        status="True" if ok else "False",
-        reason=reason,
-        message=message,
-        observed_generation=generation,
-    )
-
-
 def _with_conditions(
-    status: TrainingJobStatus, conditions: list[Condition], now: datetime
+    status: TrainingJobStatus, new: list[Condition], now: datetime
 ) -> TrainingJobStatus:
     current = status.conditions
-    for condition in conditions:
+    for condition in new:
         current = set_condition(current, condition, now)
     return status.model_copy(update={"conditions": current})
+
+
+def _concluded(status: TrainingJobStatus, facts: Facts, now: datetime) -> TrainingJobStatus:
+    """`status` with the conditions the pass's facts determine (reconcile.conditions)."""
+    return _with_conditions(status, conditions(facts), now)
 
 
 def _next_generation(job: TrainingJob, observed: Observed, taken: tuple[int, ...] = ()) -> int:
@@ -263,14 +268,8 @@ def invalid_status(
     status = job_status.model_copy(
         update={"phase": api.PHASE_INVALID, "observed_generation": generation}
     )
-    return _with_conditions(
-        status,
-        [
-            _condition(api.COND_INVALID, True, reason, message, generation),
-            _condition(api.COND_PLANNED, False, reason, "the spec is invalid", generation),
-        ],
-        now,
-    )
+    facts = Facts(generation, spec_checked=False, invalid=Problem(reason, message))
+    return _concluded(status, facts, now)
 
 
 def reconcile(
@@ -299,11 +298,6 @@ def reconcile(
             invalid_status(status, job.generation, api.REASON_INVALID_MODEL_SHAPE, message, now),
         )
     status = status.model_copy(update={"model": model.name})
-    status = _with_conditions(
-        status,
-        [_condition(api.COND_INVALID, False, api.REASON_VALID, "", job.generation)],
-        now,
-    )
 
     # Generations of stale plans still count, so new names never collide with them.
     taken = tuple(p.generation for p in observed.plans)
@@ -412,15 +406,8 @@ def _unschedulable(
     *,
     plan_result: str | None = None,
 ) -> Outcome:
-    generation = observed.job.generation
-    status = _with_conditions(
-        status.model_copy(update={"phase": api.PHASE_UNSCHEDULABLE}),
-        [
-            _condition(api.COND_UNSCHEDULABLE, True, reason, message, generation),
-            _condition(api.COND_PLANNED, False, reason, message, generation),
-        ],
-        now,
-    )
+    facts = Facts(observed.job.generation, unschedulable=Problem(reason, message))
+    status = _concluded(status.model_copy(update={"phase": api.PHASE_UNSCHEDULABLE}), facts, now)
     return _finish(observed, status, plan_result=plan_result)
 
 
@@ -479,11 +466,12 @@ def _plan(
     # expensive to repeat on every resync.
     inputs = f"{job.generation}:{snapshot.content_hash()}"
     if status.phase == api.PHASE_UNSCHEDULABLE and status.unschedulable_inputs == inputs:
-        return _finish(observed, status)
+        return _finish(observed, _concluded(status, Facts(generation), now))
 
     result = planner(plan_request(job, model, snapshot), observed.measured)
     if isinstance(result, Searching):
-        return _finish(observed, status)  # the Planning condition says what is searched
+        # The Planning condition says what is searched; nothing else changes meanwhile.
+        return _finish(observed, _concluded(status, Facts(generation), now))
     if isinstance(result, Infeasible | SearchFailed):
         code, reason = (
             (result.code, result.reason)
@@ -495,29 +483,17 @@ def _plan(
 
     plan = result.best.model_copy(update={"reason": "initial plan"})
     estimated = plan.inputs.estimated
-    profiles_condition = _condition(
-        api.COND_PROFILES_MEASURED,
-        not estimated,
-        api.REASON_ESTIMATED if estimated else api.REASON_ALL_MEASURED,
-        f"planned with estimated profiles: {', '.join(estimated)}" if estimated else "",
-        generation,
-    )
     if estimated and job.spec.profiling.mode == "Required":
         message = (
             f"spec.profiling.mode is Required and {len(estimated)} profiles are not measured "
             f"(first: {estimated[0]}); store measured profiles to proceed"
         )
-        status = _with_conditions(
-            status.model_copy(update={"phase": api.PHASE_PENDING}),
-            [
-                profiles_condition,
-                _condition(api.COND_UNSCHEDULABLE, False, api.REASON_SCHEDULABLE, "", generation),
-                _condition(
-                    api.COND_PLANNED, False, api.REASON_AWAITING_PROFILES, message, generation
-                ),
-            ],
-            now,
+        facts = Facts(
+            generation,
+            awaiting_profiles=Problem(api.REASON_AWAITING_PROFILES, message),
+            estimated_profiles=estimated,
         )
+        status = _concluded(status.model_copy(update={"phase": api.PHASE_PENDING}), facts, now)
         return _finish(observed, status, plan_result="planned")
 
     plan_generation = _next_generation(job, observed, taken)
@@ -549,30 +525,14 @@ def _plan(
             ),
         }
     )
-    assert status.replan is not None
-    status = _with_conditions(
-        status,
-        [
-            machine.replanning_condition(status.replan, generation),
-            profiles_condition,
-            _condition(api.COND_UNSCHEDULABLE, False, api.REASON_SCHEDULABLE, "", generation),
-            _condition(
-                api.COND_PLANNED,
-                True,
-                api.REASON_PLAN_CREATED,
-                f"generation {plan_generation}: {summary.summary}",
-                generation,
-            ),
-            _condition(
-                api.COND_RUNNING,
-                False,
-                api.REASON_PODS_PENDING,
-                f"0/{len(children.pods)} workers running",
-                generation,
-            ),
-        ],
-        now,
+    facts = Facts(
+        generation,
+        estimated_profiles=estimated,
+        plan=CurrentPlan(plan_generation, summary.summary, api.REASON_PLAN_CREATED),
+        replan=status.replan,
+        workers=status.workers,
     )
+    status = _concluded(status, facts, now)
     create = children.in_creation_order()
     if observed.service_exists:
         create.remove(children.service)
@@ -595,29 +555,15 @@ def _awaiting_profiles(
 ) -> Outcome:
     """No plan until profiling Jobs measured what is missing (policy Required), or until
     they leave a node to plan on (policy Auto, `why` says so)."""
-    generation = observed.job.generation
     reason = profiling.condition.reason if profiling.failed and profiling.condition else ""
-    status = _with_conditions(
-        status.model_copy(update={"phase": api.PHASE_PENDING}),
-        [
-            _condition(
-                api.COND_PROFILES_MEASURED,
-                False,
-                api.REASON_AWAITING_PROFILES,
-                profiling.decision.message,
-                generation,
-            ),
-            _condition(api.COND_UNSCHEDULABLE, False, api.REASON_SCHEDULABLE, "", generation),
-            _condition(
-                api.COND_PLANNED,
-                False,
-                reason or api.REASON_AWAITING_PROFILES,
-                why or profiling.waiting_message,
-                generation,
-            ),
-        ],
-        now,
+    facts = Facts(
+        observed.job.generation,
+        awaiting_profiles=Problem(
+            reason or api.REASON_AWAITING_PROFILES, why or profiling.waiting_message
+        ),
+        profiles_missing=profiling.decision.message,
     )
+    status = _concluded(status.model_copy(update={"phase": api.PHASE_PENDING}), facts, now)
     return _finish(observed, status)
 
 
@@ -745,7 +691,7 @@ def _run(
     if state is None:
         booted = _bootstrap(observed, cluster, status)
         if booted is None:  # unreachable: reconcile plans afresh when there is neither
-            return _finish(observed, status)
+            return _finish(observed, _concluded(status, Facts(generation), now))
         state, _ = booted
         adopted = True
     inputs = ReplanInputs(
@@ -798,77 +744,23 @@ def _run(
         succeeded=phases.count("Succeeded"),
         failed=phases.count("Failed"),
     )
-    conditions = [machine.replanning_condition(state, generation)]
     planned_reason = api.REASON_PLAN_ADOPTED if adopted else api.REASON_PLAN_CREATED
     previous = find_condition(status.conditions, api.COND_PLANNED)
     if not adopted and status.plan is not None and status.plan.generation != state.generation:
         planned_reason = machine.REASON_PLAN_SWITCHED
     elif not adopted and previous is not None and previous.status == "True":
         planned_reason = previous.reason
-    if summary is not None:
-        conditions.append(
-            _condition(
-                api.COND_PLANNED,
-                True,
-                planned_reason,
-                f"generation {state.generation}: {summary.summary}",
-                generation,
-            )
-        )
-    replan_phase = machine.job_phase(state)
-    if state.phase == PHASE_WAITING:
-        conditions += [
-            _condition(
-                api.COND_UNSCHEDULABLE, True, api.REASON_NO_CAPACITY, state.message, generation
-            ),
-            _condition(api.COND_RUNNING, False, api.REASON_NO_CAPACITY, state.message, generation),
-        ]
-    else:
-        conditions.append(
-            _condition(api.COND_UNSCHEDULABLE, False, api.REASON_SCHEDULABLE, "", generation)
-        )
-    if state.phase == PHASE_FAILED:
-        conditions += [
-            _condition(
-                api.COND_FAILED, True, api.REASON_RESTARTS_EXHAUSTED, state.message, generation
-            ),
-            _condition(
-                api.COND_RUNNING, False, api.REASON_RESTARTS_EXHAUSTED, state.message, generation
-            ),
-        ]
-    if replan_phase is not None:
-        phase = replan_phase
-        if state.phase in (PHASE_DRAINING, PHASE_SWITCHING):
-            conditions.append(
-                _condition(
-                    api.COND_RUNNING, False, api.REASON_REPLANNING, state.message, generation
-                )
-            )
-    elif desired and counts.succeeded == desired:
-        phase = api.PHASE_SUCCEEDED
-        conditions += [
-            _condition(
-                api.COND_SUCCEEDED, True, api.REASON_COMPLETED, "all workers finished", generation
-            ),
-            _condition(api.COND_RUNNING, False, api.REASON_COMPLETED, "", generation),
-        ]
-    elif counts.running and counts.running + counts.succeeded == desired:
-        # Ranks finish a moment apart; the job runs until the last one is done.
-        phase = api.PHASE_RUNNING
-        conditions.append(
-            _condition(
-                api.COND_RUNNING,
-                True,
-                api.REASON_ALL_RUNNING,
-                f"{desired} workers running",
-                generation,
-            )
-        )
-    else:
-        phase = api.PHASE_PENDING
-        message = done.render_problem or f"{counts.running}/{desired} workers running"
-        reason = api.REASON_POOL_MISSING if done.render_problem else api.REASON_PODS_PENDING
-        conditions.append(_condition(api.COND_RUNNING, False, reason, message, generation))
+    facts = Facts(
+        generation,
+        plan=(
+            CurrentPlan(state.generation, summary.summary, planned_reason)
+            if summary is not None
+            else None
+        ),
+        replan=state,
+        workers=counts,
+        workers_problem=done.render_problem,
+    )
 
     progress = status.progress
     rank0 = mine.get(0)
@@ -882,7 +774,7 @@ def _run(
         )
     status = status.model_copy(
         update={
-            "phase": phase,
+            "phase": phase_of(facts),
             "plan": summary,
             "history": history,
             "attempt": state.attempt,
@@ -893,7 +785,7 @@ def _run(
             "replan": state,
         }
     )
-    status = _with_conditions(status, conditions, now)
+    status = _concluded(status, facts, now)
     outcome = _finish(
         observed, status, create=done.create, delete=done.delete, extra_events=done.events
     )
