@@ -3,7 +3,8 @@
 Counters for reconciles by kind and result and for planner outcomes, a histogram of
 planning time (the search can take seconds on big clusters, and that is what an operator
 of the operator wants to see first), a histogram of the backoff before retrying a failed
-reconcile, and a gauge of worker pods by phase.
+reconcile, a gauge of worker pods by phase, and whether this replica leads (leader
+election, operator/leader_election.py).
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ WORKER_PODS = Gauge(
     "sailplan_worker_pods",
     "Worker pods of all TrainingJobs by phase",
     ["phase"],
+    registry=REGISTRY,
+)
+LEADER = Gauge(
+    "sailplan_operator_leader",
+    "1 while this replica holds the leader-election Lease and runs the handlers, else 0",
     registry=REGISTRY,
 )
 POD_PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")

@@ -83,7 +83,8 @@ def install_crds(api: Any, timeout_s: float = 30) -> None:
 
 
 class ClusterRbac:
-    """manifests/base/rbac.yaml bound to a ServiceAccount of the test namespace."""
+    """manifests/base/rbac.yaml bound to a ServiceAccount of the test namespace: the
+    ClusterRole cluster-wide, the leader-election Role in the test namespace."""
 
     def __init__(self, api: Any, namespace: str) -> None:
         self.api = api
@@ -92,16 +93,22 @@ class ClusterRbac:
 
     def grant(self) -> str:
         documents = list(yaml.safe_load_all((ROOT / "manifests/base/rbac.yaml").read_text()))
-        role, binding = documents
+        by_kind = {d["kind"]: d for d in documents}
+        role, binding = by_kind["ClusterRole"], by_kind["ClusterRoleBinding"]
         role["metadata"]["name"] = self.name
         binding["metadata"]["name"] = self.name
         binding["roleRef"]["name"] = self.name
-        binding["subjects"] = [
-            {"kind": "ServiceAccount", "name": "operator", "namespace": self.namespace}
-        ]
+        # The leader-election Role keeps its name; kustomize would put it in the operator's
+        # namespace, here the test's (it goes with it).
+        for namespaced in (by_kind["Role"], by_kind["RoleBinding"]):
+            namespaced["metadata"]["namespace"] = self.namespace
+        for bound in (binding, by_kind["RoleBinding"]):
+            bound["subjects"] = [
+                {"kind": "ServiceAccount", "name": "operator", "namespace": self.namespace}
+            ]
         core = client.CoreV1Api(self.api)
         core.create_namespaced_service_account(self.namespace, {"metadata": {"name": "operator"}})
-        apply(self.api, [role, binding])
+        apply(self.api, documents)
         request = core.create_namespaced_service_account_token(
             "operator", self.namespace, {"spec": {"expirationSeconds": 3600}}
         )

@@ -1,7 +1,8 @@
 """`sailplan crds`, `sailplan operator run` and `sailplan profiles import`.
 
 Thin edge: options in, one-line errors with exit code 2 out; the work is in
-sailplan.operator.api.crd (CRD rendering), sailplan.operator.controller (the operator) and
+sailplan.operator.api.crd (CRD rendering), sailplan.operator.controller (the operator),
+sailplan.operator.leader_election (running it only while this replica holds the Lease) and
 sailplan.operator.profiling.importing (the profile store import).
 """
 
@@ -79,11 +80,39 @@ def run_command(  # noqa: PLR0917 (typer maps each parameter to an option)
         float,
         typer.Option(min=0, help="replan cost model: seconds to tear pods down after a checkpoint"),
     ] = 15.0,
+    leader_elect: Annotated[
+        bool,
+        typer.Option(
+            help="run only while holding the leader-election Lease (several replicas); "
+            "the Deployment turns it on"
+        ),
+    ] = False,
+    lease_name: Annotated[str, typer.Option(help="leader-election Lease name")] = (
+        "sailplan-operator"
+    ),
+    lease_namespace: Annotated[
+        str,
+        typer.Option(
+            help="leader-election Lease namespace (the operator's own)", envvar="POD_NAMESPACE"
+        ),
+    ] = "sailplan-system",
+    lease_duration: Annotated[
+        int, typer.Option(min=1, help="seconds a standby waits before taking over a silent leader")
+    ] = 15,
+    renew_deadline: Annotated[
+        float, typer.Option(help="seconds a leader may fail to renew before it exits")
+    ] = 10.0,
+    retry_period: Annotated[
+        float, typer.Option(help="seconds between Lease renewals and acquisition attempts")
+    ] = 2.0,
 ) -> None:
     """Run the operator until interrupted (what the operator Deployment runs)."""
     import kopf
 
+    from sailplan.operator import metrics
     from sailplan.operator.controller import OperatorConfig, build_registry
+    from sailplan.operator.leader import Timings
+    from sailplan.operator.leader_election import LeaseElector, default_identity, run_while_leading
     from sailplan.operator.replan.cost import RestartCostModel
     from sailplan.operator.replan.decision import ReplanConfig
     from sailplan.planner.catalog import CatalogError, default_catalog, load_catalog
@@ -93,6 +122,10 @@ def run_command(  # noqa: PLR0917 (typer maps each parameter to an option)
     if kubeconfig is not None and not kubeconfig.exists():
         raise _fail(f"no kubeconfig at {kubeconfig}")
     try:
+        timings = Timings(lease_duration, renew_deadline, retry_period)
+    except ValueError as error:
+        raise _fail(str(error)) from error
+    try:
         catalog = load_catalog(catalog_file) if catalog_file else default_catalog()
     except (CatalogError, OSError) as error:
         raise _fail(str(error)) from error
@@ -101,7 +134,7 @@ def run_command(  # noqa: PLR0917 (typer maps each parameter to an option)
         catalog=catalog,
         namespaces=tuple(namespace or ()),
         profile_namespace=profile_namespace,
-        metrics_port=metrics_port or None,
+        metrics_port=None if leader_elect else metrics_port or None,
         replan=ReplanConfig(
             restart=RestartCostModel(
                 teardown_seconds=restart_teardown_seconds,
@@ -118,13 +151,27 @@ def run_command(  # noqa: PLR0917 (typer maps each parameter to an option)
         # and pods that drowns the operator's own decisions.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
         logging.getLogger("kopf.activities").setLevel(logging.WARNING)
+    if leader_elect and metrics_port:
+        # Served from the start, so a standby reports sailplan_operator_leader 0 too.
+        metrics.serve(metrics_port)
     registry = build_registry(config, api_client)
-    kopf.run(
-        registry=registry,
-        clusterwide=True,
-        standalone=True,
-        liveness_endpoint=f"http://0.0.0.0:{health_port}/healthz" if health_port else None,
+
+    def operate() -> None:
+        # Kopf's own peering stays off: the Lease decides who runs.
+        kopf.run(
+            registry=registry,
+            clusterwide=True,
+            standalone=True,
+            liveness_endpoint=f"http://0.0.0.0:{health_port}/healthz" if health_port else None,
+        )
+
+    if not leader_elect:
+        operate()
+        return
+    elector = LeaseElector(
+        api_client, lease_namespace, lease_name, identity=default_identity(), timings=timings
     )
+    run_while_leading(elector, operate, health_port or None)
 
 
 def _api_client(kubeconfig: Path | None) -> ApiClient:
