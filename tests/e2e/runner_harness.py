@@ -22,21 +22,35 @@ from trainer_harness import TINY
 
 from sailplan_dev.localcluster.nodes import NodePool
 from sailplan_dev.localcluster.podrunner import PodRunner, runner_node_manifest
+from sailplan_dev.localcluster.podrunner_image import read_image
 
-__all__ = ["TINY", "add_runner_node", "events_of", "log_of", "pod_runner", "worker_log_tails"]
+__all__ = [
+    "TINY",
+    "TRAINER_IMAGE",
+    "add_runner_node",
+    "events_of",
+    "log_of",
+    "pod_runner",
+    "worker_log_tails",
+]
 
 # Every trainer process's defaults (the image's ENV): fail within a minute instead of the
 # trainer's 10-minute collective timeout when the wiring is wrong, and one thread per
 # process, since several trainers share the test machine's few cores.
 TRAINER_ENV = {"SAILPLAN_COLLECTIVE_TIMEOUT_S": "60", "OMP_NUM_THREADS": "1"}
+# The image reference of the tests' TrainingJobs; the runner knows its user and directories
+# from its Dockerfile, so worker pods meet the permissions the real image gives them.
+TRAINER_IMAGE = "sailplan-trainer:local"
+TRAINER_DOCKERFILE = Path(__file__).resolve().parents[2] / "trainer_image" / "Dockerfile"
 
 
 @contextmanager
 def pod_runner(api: Any, workdir: Path, **options: Any) -> Iterator[PodRunner]:
-    """A PodRunner (`options` as its constructor takes them; env defaults to TRAINER_ENV)
-    whose nodes are deleted from the API server when it closes, so the session's shared
-    cluster keeps no node a later test's scheduler could bind to."""
-    running = PodRunner(api, workdir, **({"env": TRAINER_ENV} | options))
+    """A PodRunner (`options` as its constructor takes them; env defaults to TRAINER_ENV,
+    images to the trainer image) whose nodes are deleted from the API server when it closes,
+    so the session's shared cluster keeps no node a later test's scheduler could bind to."""
+    defaults = {"env": TRAINER_ENV, "images": {TRAINER_IMAGE: read_image(TRAINER_DOCKERFILE)}}
+    running = PodRunner(api, workdir, **(defaults | options))
     try:
         yield running
     finally:

@@ -59,10 +59,13 @@ import yaml
 from kubernetes import client, watch
 from urllib3.exceptions import HTTPError as Urllib3Error
 
+from . import podrunner_fs as podfs
 from . import podrunner_pod as podspec
+from . import podrunner_security as security
 from . import podrunner_status as podstatus
 from .kubeconfig import api_client
 from .nodes import MANAGER_LABEL, NodePool, node_manifest
+from .podrunner_image import UNKNOWN_IMAGE, Image
 from .podrunner_logs import LogRequestError, LogServer, LogSource
 
 log = logging.getLogger(__name__)
@@ -99,15 +102,6 @@ def _free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def _write_atomic(path: Path, content: bytes, mode: int) -> None:
-    # Readers (the trainer polling its annotations file) never see a half-written file.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(content)
-    tmp.chmod(mode)
-    os.replace(tmp, path)
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
@@ -177,6 +171,7 @@ class _Pod:
     step: int = 0
     volumes: tuple[podspec.Volume, ...] | None = None  # rendered once, before the first run
     volume_dirs: dict[str, Path] = field(default_factory=dict)
+    fs_group: int | None = None  # the pod's securityContext.fsGroup, applied to its volumes
     tracked_volumes: tuple[str, ...] = ()  # volumes rendered from labels/annotations
     process: subprocess.Popen[bytes] | None = None
     start_time: str = ""
@@ -352,6 +347,7 @@ class PodRunner:
         workdir: Path,
         *,
         entrypoints: Mapping[str, Iterable[str]] | None = None,
+        images: Mapping[str, Image] | None = None,
         env: Mapping[str, str] | None = None,
         port_env: Iterable[str] = DEFAULT_PORT_ENV,
         rewrite_config_files: bool = True,
@@ -360,13 +356,27 @@ class PodRunner:
     ) -> None:
         """`api`: kubernetes ApiClient; `workdir`: where pod directories, logs and the
         shared (PVC/hostPath) directories go; `entrypoints`: image -> entrypoint argv for
-        containers without `command`; `env`: defaults for every process (the image's ENV;
-        the pod's env wins over them)."""
+        containers without `command`; `images`: image -> its user and directories
+        (podrunner_image.read_image of its Dockerfile; an image not there has no USER the
+        runner knows and only /tmp, /var/tmp); `env`: defaults for every process (the
+        image's ENV; the pod's env wins over them)."""
         self.api = api
         # Any: the client's annotations are partial (raw responses, dict bodies).
         self.core: Any = client.CoreV1Api(api)
         self.workdir = Path(workdir)
         self.entrypoints = {k: tuple(v) for k, v in (entrypoints or {}).items()}
+        self.images = dict(images or {})
+        # Only root can run a container as another uid and give files their owners.
+        self._is_root = os.geteuid() == 0
+        self._setpriv = shutil.which("setpriv")
+        self._launch_notes: set[str] = set()
+        if not self._is_root:
+            log.warning(
+                "pod runner runs as uid %d, not root: containers run as that uid, "
+                "runAsNonRoot and readOnlyRootFilesystem are checked, runAsUser, runAsGroup "
+                "and fsGroup ownership are not applied",
+                os.geteuid(),
+            )
         self.env = dict(env or {})
         self.port_env = tuple(port_env)
         self.rewrite_config_files = rewrite_config_files
@@ -811,6 +821,8 @@ class PodRunner:
                 volumes = podspec.render_volumes(pod, self._sources)
             allocatable = self._allocatable(entry.node)
             spec = podspec.launch(pod, self._sources, self.entrypoints, allocatable, container)
+            image = self.images.get(str(container.get("image", "")), UNKNOWN_IMAGE)
+            identity = security.container_identity(pod, container, image)
             services = self._service_names(podspec.meta(pod)["namespace"])
         except (podspec.PodConfigError, client.ApiException, Urllib3Error, OSError) as error:
             # Like the kubelet: report why the container waits, try again shortly.
@@ -826,15 +838,20 @@ class PodRunner:
             # container then sees the same emptyDir directory.
             self._materialize(entry, volumes)
             entry.volumes = volumes
+        root = entry.directory / "rootfs" / spec.container
+        read_only = security.read_only_root(container)
+        image_dirs = podfs.make_root_filesystem(root, image, read_only, self._is_root)
         mounts: dict[str, str] = {}
         for mount in spec.mounts:
             if mount.volume not in entry.volume_dirs:
                 continue
-            local_path = entry.volume_dirs[mount.volume] / mount.sub_path
-            if mount.sub_path and not local_path.exists():
-                local_path.mkdir(parents=True)  # the kubelet creates a missing subPath too
+            volume_dir = entry.volume_dirs[mount.volume]
+            local_path = volume_dir / mount.sub_path
+            if mount.sub_path:
+                local_path = podfs.make_sub_path(volume_dir, mount.sub_path, self._is_root)
             mounts[mount.mount_path] = str(local_path)
-        rewrite = podspec.path_rewriter(mounts)
+        # A mount hides the image's directory at its path, as it does in a container.
+        rewrite = podspec.path_rewriter(image_dirs | mounts)
         if self.rewrite_config_files:
             self._rewrite_config_files(entry, volumes, rewrite)
         spec_pod = pod.get("spec") or {}
@@ -848,12 +865,20 @@ class PodRunner:
             # Hosts first: the local directories must not be mistaken for DNS names.
             return rewrite(podspec.localize_hosts(text, names))
 
+        def local_dir(path: str) -> str:
+            return str(root) if path.rstrip("/") == "" else local(path)
+
         argv = [local(a) for a in spec.argv]
         hostname = spec_pod.get("hostname") or podspec.meta(pod)["name"]
-        env = self._process_env(entry, spec, hostname, mounts, local)
-        cwd = local(spec.working_dir) if spec.working_dir else str(entry.directory)
+        # HOME from the image's passwd entry of the uid, as the runtime sets it; TMPDIR so
+        # that tempfile users write to the container's /tmp, not to this machine's.
+        image_env = {"HOME": local_dir(identity.home), "TMPDIR": local_dir("/tmp")}
+        env = self._process_env(
+            entry, spec, hostname, mounts, local, image_env=image_env, identity=identity
+        )
+        cwd = local_dir(spec.working_dir or image.workdir)
         Path(cwd).mkdir(parents=True, exist_ok=True)
-        self._spawn(entry, argv, env, cwd)
+        self._spawn(entry, argv, env, cwd, identity)
 
     def _retry_later(self, entry: _Pod) -> None:
         timer = threading.Timer(self.retry_s, self._retry, args=(entry,))
@@ -877,23 +902,24 @@ class PodRunner:
 
     def _materialize(self, entry: _Pod, volumes: Iterable[podspec.Volume]) -> None:
         root = entry.directory / "volumes"
+        entry.fs_group = security.fs_group(entry.pod)
         tracked = []
         for volume in volumes:
             if volume.shared_key is not None:
                 directory = self.workdir / "shared" / volume.shared_key
             else:
                 directory = root / volume.name
-            directory.mkdir(parents=True, exist_ok=True)
+            podfs.prepare_volume(directory, volume.source, entry.fs_group, self._is_root)
             entry.volume_dirs[volume.name] = directory
-            self._write_files(directory, volume.files or ())
+            self._write_files(entry, directory, volume.files or ())
             if volume.tracks_metadata:
                 tracked.append(volume.name)
         entry.tracked_volumes = tuple(tracked)
 
-    @staticmethod
-    def _write_files(directory: Path, files: Iterable[podspec.VolumeFile]) -> None:
-        for item in files:
-            _write_atomic(directory / item.path, item.content, item.mode)
+    def _write_files(
+        self, entry: _Pod, directory: Path, files: Iterable[podspec.VolumeFile]
+    ) -> None:
+        podfs.write_volume_files(directory, files, entry.fs_group, self._is_root)
 
     def _rewrite_config_files(
         self, entry: _Pod, volumes: Iterable[podspec.Volume], rewrite: Callable[[str], str]
@@ -911,7 +937,9 @@ class PodRunner:
                 changed = rewrite(text)
                 if changed != text:
                     path = entry.volume_dirs[volume.name] / item.path
-                    _write_atomic(path, changed.encode(), item.mode)
+                    mode = security.rendered_file_mode(item.mode, entry.fs_group)
+                    group = entry.fs_group if self._is_root else None
+                    podfs.write_atomic(path, changed.encode(), mode, group)
 
     def _refresh_metadata_volumes(self, entry: _Pod) -> None:
         """Re-render the downward API files that follow labels/annotations (entry.lock held)."""
@@ -924,7 +952,7 @@ class PodRunner:
             except podspec.PodConfigError as error:
                 log.warning("%s: cannot refresh volume %s: %s", entry.key, volume["name"], error)
                 continue
-            self._write_files(entry.volume_dirs[volume["name"]], rendered.files or ())
+            self._write_files(entry, entry.volume_dirs[volume["name"]], rendered.files or ())
 
     def _process_env(
         self,
@@ -933,12 +961,15 @@ class PodRunner:
         hostname: str,
         mounts: Mapping[str, str],
         local: Callable[[str], str],
+        *,
+        image_env: Mapping[str, str],
+        identity: security.Identity,
     ) -> dict[str, str]:
         server = urlparse(self.api.configuration.host)
         env = {
             # What the image would provide: this machine's tools, the runner's Python first.
             "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
-            "HOME": str(entry.directory),
+            **image_env,
             "HOSTNAME": hostname,
             **({"LANG": os.environ["LANG"]} if "LANG" in os.environ else {}),
             **self.env,
@@ -956,14 +987,14 @@ class PodRunner:
         if token_dir is not None and "KUBECONFIG" not in env:
             # The client libraries read the in-cluster token from a fixed path; a kubeconfig
             # with the pod's own bound token is the local process's way to the same identity.
-            env["KUBECONFIG"] = str(self._pod_kubeconfig(entry, Path(token_dir)))
+            env["KUBECONFIG"] = str(self._pod_kubeconfig(entry, Path(token_dir), identity))
         for name in self.port_env:
             if env.get(name) != "0":
                 entry.ports[name] = _free_port()
                 env[name] = str(entry.ports[name])
         return env
 
-    def _pod_kubeconfig(self, entry: _Pod, token_dir: Path) -> Path:
+    def _pod_kubeconfig(self, entry: _Pod, token_dir: Path, identity: security.Identity) -> Path:
         namespace = podspec.meta(entry.pod)["namespace"]
         ca = token_dir / "ca.crt"
         cluster: dict[str, Any] = {"server": self.api.configuration.host}
@@ -986,11 +1017,60 @@ class PodRunner:
             "current-context": "pod",
         }
         path = entry.directory / "kubeconfig"
-        _write_atomic(path, yaml.safe_dump(config).encode(), 0o600)
+        podfs.write_atomic(path, yaml.safe_dump(config).encode(), 0o600)
+        if self._is_root:
+            os.chown(path, identity.uid, identity.gid)  # the process's own credentials
         return path
 
-    def _spawn(self, entry: _Pod, argv: list[str], env: dict[str, str], cwd: str) -> None:
-        """Start the current run's process, its output in the run's own log file."""
+    def _as_identity(
+        self, identity: security.Identity, argv: list[str]
+    ) -> tuple[list[str], dict[str, Any]]:
+        """argv and Popen options that run the process as `identity` (security.launch_mode)."""
+        # What the process must reach: this Python, the repository, the pod directories.
+        needed = [
+            os.path.realpath(sys.executable),
+            sys.prefix,
+            sys.base_prefix,
+            str(Path(podspec.__file__).resolve().parent),
+            str(self.workdir.resolve()),
+        ]
+
+        def stat_of(path: str) -> tuple[int, int, int]:
+            info = os.stat(path)
+            return info.st_uid, info.st_gid, info.st_mode
+
+        blocked = security.blocked_directory(needed, identity, stat_of)
+        mode = security.launch_mode(os.geteuid(), identity, blocked, self._setpriv)
+        note = f"{mode.value}:{blocked}"
+        if blocked is not None and note not in self._launch_notes:
+            self._launch_notes.add(note)
+            log.warning(
+                "uid %d cannot search %s, which holds this machine's Python or the pod "
+                "directories (an image would have them readable): %s",
+                identity.uid,
+                blocked,
+                "its processes get CAP_DAC_READ_SEARCH (reads unchecked, writes checked)"
+                if mode is security.LaunchMode.SET_IDS_READ_ALL
+                else "setpriv is missing, so they run as the runner (checks only)",
+            )
+        if mode is security.LaunchMode.SET_IDS:
+            options = {"user": identity.uid, "group": identity.gid, "extra_groups": identity.groups}
+            return argv, options
+        if mode is security.LaunchMode.SET_IDS_READ_ALL and self._setpriv:
+            return security.setpriv_argv(self._setpriv, identity, argv), {}
+        return argv, {}
+
+    def _spawn(
+        self,
+        entry: _Pod,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str,
+        identity: security.Identity,
+    ) -> None:
+        """Start the current run's process as `identity`, its output in the run's own log
+        file."""
+        argv, identity_options = self._as_identity(identity, argv)
         run = entry.current
         log_file = entry.log_file(run.name, run.restarts)
         log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -1006,6 +1086,7 @@ class PodRunner:
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    **identity_options,
                 )
             except OSError as error:
                 entry.started_at = _now()
