@@ -18,7 +18,7 @@ does a worker process that dies. When a search ends, `notify(namespace, name)` i
 (from a supervisor thread) so the handler reconciles the job again and finds the answer.
 
 Processes rather than a ProcessPoolExecutor: a pool cannot stop one running task, and
-cancelling is the point. Called by sailplan.operator.handlers.
+cancelling is the point. Created and driven by sailplan.operator.controller.runtime.
 """
 
 from __future__ import annotations
