@@ -4,6 +4,7 @@ acquires, renews, waits or steps down, and when a silent leader's Lease expires.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -125,3 +126,20 @@ def test_inconsistent_timings_are_refused_with_the_rule(
 ) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         Timings(lease, renew, retry)
+
+
+def test_operator_run_refuses_inconsistent_timings_with_exit_code_2(tmp_path: Path) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from sailplan.operator.cli.operator_commands import register
+
+    app = typer.Typer()
+    register(app)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("")
+    args = ["operator", "run", "--leader-elect", f"--kubeconfig={kubeconfig}"]
+    refused = CliRunner().invoke(app, [*args, "--lease-duration=4", "--renew-deadline=5"])
+    assert refused.exit_code == 2
+    assert "lease duration (4s) must exceed the renew deadline (5.0s)" in refused.output
+    assert "Traceback" not in refused.output
