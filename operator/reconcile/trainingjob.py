@@ -334,7 +334,9 @@ def _with_planning(outcome: Outcome, answer: PlannerAnswer | None, now: datetime
         return outcome
     requeue = outcome.requeue_after
     if isinstance(answer, Searching):
-        requeue = min(requeue or SEARCH_REFRESH_SECONDS, SEARCH_REFRESH_SECONDS)
+        requeue = (
+            SEARCH_REFRESH_SECONDS if requeue is None else min(requeue, SEARCH_REFRESH_SECONDS)
+        )
     return replace(
         outcome, status=_with_conditions(status, [condition], now), requeue_after=requeue
     )
