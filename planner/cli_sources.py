@@ -69,6 +69,19 @@ def cluster_of(plan: Plan, catalog: Catalog) -> ClusterSnapshot:
     return ClusterSnapshot(pools=tuple(pools))
 
 
+def plan_error_line(error: ValidationError) -> str:
+    """The first problem of an invalid Plan as `field: what is wrong` (one line).
+
+    Whole-plan checks (layers covering the model, one replica per pipeline) carry no field
+    location in pydantic; their messages already name the field ("stages cover layers ..."),
+    so only pydantic's "Value error, " prefix is dropped.
+    """
+    first = error.errors()[0]
+    message = str(first["msg"]).removeprefix("Value error, ")
+    where = ".".join(str(part) for part in first["loc"])
+    return f"{where}: {message}" if where else message
+
+
 def load_plan_file(path: Path, catalog: Catalog, model_name: str | None) -> LoadedPlan:
     try:
         document = json.loads(path.read_text())
@@ -88,9 +101,7 @@ def load_plan_file(path: Path, catalog: Catalog, model_name: str | None) -> Load
     try:
         plan = Plan.model_validate(document)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "document"
-        raise InputError(f"plan file {path}: {where}: {first['msg']}") from None
+        raise InputError(f"plan file {path}: {plan_error_line(error)}") from None
     if model_name is not None and catalog.resolve_model(model_name) != plan.model.name:
         raise InputError(f"plan file {path} is for model {plan.model.name}, not {model_name}")
     return LoadedPlan(plan, cluster_of(plan, catalog))

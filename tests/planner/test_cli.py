@@ -161,6 +161,23 @@ def test_simulate_rejects_a_broken_plan_file(tmp_path: Path) -> None:
     assert code == 2 and "plan file" in err
 
 
+def test_simulate_names_the_field_of_an_invalid_plan(tmp_path: Path) -> None:
+    code, out, _ = run("plan", *SMALL, "--pool", "A100:us-central1-a:8", "--json")
+    assert code == 0
+    document = json.loads(out)
+    document["stages"][-1]["layer_end"] -= 2  # the last two layers belong to no stage
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(document))
+    code, _, err = run("simulate", "--plan", str(path))
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1
+    assert "stages cover layers" in err and "Value error" not in err
+    document["micro_batch_size"] = 0
+    path.write_text(json.dumps(document))
+    code, _, err = run("simulate", "--plan", str(path))
+    assert code == 2 and "micro_batch_size" in err
+
+
 def test_simulate_a_sailor_plan_with_the_artifact_profiles() -> None:
     plans = sorted((ARTIFACT / "validation" / "gh200-opt350").glob("plan_config_*.json"))
     if not plans:
