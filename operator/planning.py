@@ -129,7 +129,10 @@ class PlanningService:
         content = content_key(request, measured)
         with self._lock:
             if self._closed:
-                return SearchFailed("the operator is shutting down")
+                # Not a failure the job should record: the next operator searches again.
+                return Searching(
+                    _utcnow(), request.deadline_seconds or 0.0, describe(request), queued=True
+                )
             answer = self._answers.get((job, content))
             if answer is not None:
                 self._answers.move_to_end((job, content))
