@@ -4,7 +4,9 @@ Pure: everything comes from the plan and the PlanningContext, priced through the
 CostModel the search uses. The model, term by term:
 
 - compute: per stage, forward + backward of one micro-batch on its slowest replica
-  (heterogeneous replicas of a stage run in lockstep because of the all-reduce);
+  (heterogeneous replicas of a stage run in lockstep because of the all-reduce); with an
+  uneven data split (plan.pipeline_micro_batches) each pipeline runs its own 1F1B schedule
+  on its own replicas with its own micro-batch count, and the slowest one counts;
 - pipeline: 1F1B with heterogeneous stages (costs.one_f_one_b_seconds), where the boundary
   between stage k and k+1 costs the slowest pipeline's activation transfer over its link
   class (same zone / other zone / other region, with each side's GPU types);
@@ -90,12 +92,15 @@ def simulate(plan: Plan, context: PlanningContext) -> Predictions:
             slowest_link = max(slowest_link, costs.p2p_seconds(group_bytes, a_rep, b_rep, tp))
             if a_rep.zone != b_rep.zone:
                 # every micro-batch sends its activation forward and its gradient back
-                moved = 2.0 * group_bytes * num_micro
+                moved = 2.0 * group_bytes * plan.micro_batches_of(r)
                 egress_bytes += moved
                 egress_usd += moved / 1e9 * costs.egress_usd_per_gb(a_rep.zone, b_rep.zone)
         boundary_seconds.append(slowest_link)
 
-    pipeline = one_f_one_b_seconds(stage_seconds, boundary_seconds, num_micro)
+    if plan.pipeline_micro_batches is None:
+        pipeline = one_f_one_b_seconds(stage_seconds, boundary_seconds, num_micro)
+    else:
+        pipeline = _uneven_pipeline_seconds(plan, context)
     slowest_tail = max(range(num_stages), key=lambda i: tail_seconds[i])
     iteration = pipeline + tail_seconds[slowest_tail]
 
@@ -118,6 +123,35 @@ def simulate(plan: Plan, context: PlanningContext) -> Predictions:
         allreduce_seconds=exposed_allreduce[slowest_tail],
         update_seconds=update_seconds[slowest_tail],
     )
+
+
+def _uneven_pipeline_seconds(plan: Plan, context: PlanningContext) -> float:
+    """Forward/backward time of a plan whose pipelines run different micro-batch counts.
+
+    Pipelines meet only at the gradient all-reduce, so each runs its own 1F1B schedule on
+    its own replicas (replica r of every stage) and links, with its own count; the
+    iteration waits for the slowest.
+    """
+    costs = context.costs
+    mbs = plan.micro_batch_size
+    boundary = costs.boundary_bytes(mbs)
+    slowest = 0.0
+    for r in range(plan.data_parallel):
+        stage_seconds = [
+            costs.require_table(
+                stage.replicas[r].gpu_type, stage.tensor_parallel, mbs
+            ).forward_backward_seconds(stage.layer_start, stage.layer_end)
+            for stage in plan.stages
+        ]
+        links = []
+        for sender, receiver in zip(plan.stages, plan.stages[1:], strict=False):
+            tp = min(sender.tensor_parallel, receiver.tensor_parallel)
+            links.append(
+                costs.p2p_seconds(boundary * tp, sender.replicas[r], receiver.replicas[r], tp)
+            )
+        pipeline = one_f_one_b_seconds(stage_seconds, links, plan.micro_batches_of(r))
+        slowest = max(slowest, pipeline)
+    return slowest
 
 
 def profile_refs(plan: Plan, context: PlanningContext) -> tuple[ProfileRef, ...]:
