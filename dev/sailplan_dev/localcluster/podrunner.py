@@ -46,6 +46,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -355,7 +356,9 @@ class PodRunner:
         retry_s: float = 2.0,
     ) -> None:
         """`api`: kubernetes ApiClient; `workdir`: where pod directories, logs and the
-        shared (PVC/hostPath) directories go; `entrypoints`: image -> entrypoint argv for
+        shared (PVC/hostPath) directories go (a root runner whose workdir other uids cannot
+        reach puts those in a temporary directory it removes on close: pod_dir() and
+        provision_claim() say where); `entrypoints`: image -> entrypoint argv for
         containers without `command`; `images`: image -> its user and directories
         (podrunner_image.read_image of its Dockerfile; an image not there has no USER the
         runner knows and only /tmp, /var/tmp); `env`: defaults for every process (the
@@ -370,6 +373,9 @@ class PodRunner:
         self._is_root = os.geteuid() == 0
         self._setpriv = shutil.which("setpriv")
         self._launch_notes: set[str] = set()
+        self._made_visible: Path | None = None
+        # Where pods/ and shared/ go: what the containers' processes see.
+        self._visible = self._visible_directory()
         if not self._is_root:
             log.warning(
                 "pod runner runs as uid %d, not root: containers run as that uid, "
@@ -391,6 +397,35 @@ class PodRunner:
         # The kubelet's log endpoint of every node of this runner (they share 127.0.0.1).
         self._log_server = LogServer(self._log_source, self.workdir / "pki")
         atexit.register(self.close)
+
+    def _visible_directory(self) -> Path:
+        """The workdir, or a directory under the temporary directory when the workdir cannot
+        be reached by other uids (pytest's tmp_path lies under a 0700 directory).
+
+        The containers' processes must reach their volumes and root filesystem with their own
+        uid and for real: a library's access() check (click's readable=True) ignores
+        capabilities, so CAP_DAC_READ_SEARCH does not stand in for a reachable path.
+        """
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        anyone = security.Identity(uid=security.NOBODY, gid=security.NOBODY)
+
+        def stat_of(path: str) -> tuple[int, int, int]:
+            info = os.stat(path)
+            return info.st_uid, info.st_gid, info.st_mode
+
+        blocked = security.blocked_directory([str(self.workdir.resolve())], anyone, stat_of)
+        if not self._is_root or blocked is None:
+            return self.workdir
+        visible = Path(tempfile.mkdtemp(prefix="sailplan-podrunner-"))
+        visible.chmod(0o711)  # others may pass through, not list
+        log.info(
+            "%s is not reachable through %s: pod directories go to %s",
+            self.workdir,
+            blocked,
+            visible,
+        )
+        self._made_visible = visible
+        return visible
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: Path, workdir: Path, **options: Any) -> PodRunner:
@@ -496,7 +531,7 @@ class PodRunner:
         claim and waits for the PV controller to bind them. Returns the local directory the
         pods of that claim share.
         """
-        directory = self.workdir / "shared" / "pvc" / namespace / claim
+        directory = self._visible / "shared" / "pvc" / namespace / claim
         directory.mkdir(parents=True, exist_ok=True)
         pv_name = f"podrunner-{namespace}-{claim}"[:253]
         with self._lock:
@@ -537,7 +572,8 @@ class PodRunner:
         return directory
 
     def pod_dir(self, namespace: str, name: str) -> Path:
-        """The newest local directory of pod namespace/name (volumes/, the container log)."""
+        """The newest local directory of pod namespace/name (volumes/, rootfs/<container>/,
+        the container logs)."""
         with self._lock:
             matches = [p for p in self._pods.values() if p.key == f"{namespace}/{name}"]
         if matches:
@@ -580,6 +616,8 @@ class PodRunner:
                     entry.process.send_signal(signal.SIGTERM)
         self._stop_pods(pods, grace_s)
         self._log_server.close()
+        if self._made_visible is not None:
+            shutil.rmtree(self._made_visible, ignore_errors=True)
         for volume in self._volumes:
             # Best effort: at interpreter exit the API server may be gone already.
             with contextlib.suppress(client.ApiException, Urllib3Error, OSError):
@@ -747,7 +785,7 @@ class PodRunner:
             new = entry is None and kind != "DELETED" and phase not in _TERMINAL
             if new:
                 directory = (
-                    self.workdir
+                    self._visible
                     / "pods"
                     / (f"{metadata['namespace']}_{metadata['name']}_{metadata['uid'][:8]}")
                 )
@@ -906,7 +944,7 @@ class PodRunner:
         tracked = []
         for volume in volumes:
             if volume.shared_key is not None:
-                directory = self.workdir / "shared" / volume.shared_key
+                directory = self._visible / "shared" / volume.shared_key
             else:
                 directory = root / volume.name
             podfs.prepare_volume(directory, volume.source, entry.fs_group, self._is_root)
@@ -1032,7 +1070,7 @@ class PodRunner:
             sys.prefix,
             sys.base_prefix,
             str(Path(podspec.__file__).resolve().parent),
-            str(self.workdir.resolve()),
+            str(self._visible.resolve()),
         ]
 
         def stat_of(path: str) -> tuple[int, int, int]:

@@ -39,6 +39,7 @@ WRITE_BITS = 0o222
 # A fresh filesystem's root, as a block-backed PersistentVolume (a GCE PD) shows it.
 FRESH_FILESYSTEM_MODE = 0o755
 EMPTY_DIR_MODE = 0o777
+NOBODY = 65534  # a uid and gid of no one: "can anyone reach this?"
 
 
 @dataclass(frozen=True)
