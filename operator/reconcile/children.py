@@ -30,7 +30,10 @@ from sailplan.planner.plan import Plan, Worker
 
 PLAN_MOUNT = "/etc/sailplan/plan"
 CHECKPOINT_MOUNT = "/checkpoints"
-RUN_AS_USER = 1000
+# The trainer image's USER (trainer_image/Dockerfile), which owns the directories the image
+# creates (/checkpoints, its home): the pods run as it so the trainer can write there.
+RUN_AS_USER = 10001
+TMP_MOUNT = "/tmp"
 # SIGTERM gives the trainer this long to write a checkpoint before SIGKILL.
 TERMINATION_GRACE_SECONDS = 120
 
@@ -181,7 +184,8 @@ def gpu_tolerations(spot: bool) -> list[dict[str, Any]]:
 
 
 def pod_security_context() -> dict[str, Any]:
-    """Non-root with the runtime's seccomp profile: every pod the operator creates."""
+    """Non-root with the runtime's seccomp profile: every pod the operator creates. fsGroup
+    makes the volumes (emptyDir, a claim's filesystem) writable by that uid's group."""
     return {
         "runAsNonRoot": True,
         "runAsUser": RUN_AS_USER,
@@ -191,8 +195,21 @@ def pod_security_context() -> dict[str, Any]:
     }
 
 
-def container_security_context() -> dict[str, Any]:
-    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+def container_security_context(read_only_root: bool = True) -> dict[str, Any]:
+    """No privileges; the image's filesystem read-only unless the container must write
+    into it (a checkpoint path on the image's filesystem, `checkpoint_in_image`)."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": read_only_root,
+    }
+
+
+def checkpoint_in_image(job: TrainingJob) -> bool:
+    """Whether the job checkpoints to a local path with no volume behind it (storage.uri
+    "/checkpoints"): the trainer then writes into the image's filesystem."""
+    uri = job.spec.checkpoint.storage.uri
+    return uri is not None and (uri.startswith("/") or uri.startswith("file://"))
 
 
 def _env(
@@ -232,11 +249,14 @@ def _volumes(job: TrainingJob, generation: int) -> tuple[list[Any], list[Any]]:
         },
         # NCCL and data loaders need more shared memory than the runtime's 64 MiB default.
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        # Libraries' temporary files, with the root filesystem read-only.
+        {"name": "tmp", "emptyDir": {}},
     ]
     mounts: list[dict[str, Any]] = [
         {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},
         {"name": "podinfo", "mountPath": workerenv.DEFAULT_PODINFO_DIR, "readOnly": True},
         {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "tmp", "mountPath": TMP_MOUNT},
     ]
     claim = job.spec.checkpoint.storage.persistent_volume_claim
     if claim is not None:
@@ -310,7 +330,9 @@ def render_worker_pod(
                     "limits": {"memory": trainer.memory, GPU_RESOURCE: gpus},
                 },
                 "volumeMounts": mounts,
-                "securityContext": container_security_context(),
+                "securityContext": container_security_context(
+                    read_only_root=not checkpoint_in_image(job)
+                ),
             }
         ],
         "volumes": volumes,

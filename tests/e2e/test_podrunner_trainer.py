@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from runner_harness import TINY, add_runner_node, events_of, worker_log_tails
+from runner_harness import TINY, TRAINER_IMAGE, add_runner_node, events_of, worker_log_tails
 from trainer_harness import free_port
 from waiting import wait_for
 
@@ -52,7 +52,7 @@ def test_operator_rendered_workers_train_and_checkpoint(
                 "model": {"custom": TINY.model_dump()},
                 "training": {"globalBatchSize": 4, "steps": STEPS, "seed": 1},
                 "trainer": {
-                    "image": "sailplan-trainer:local",
+                    "image": TRAINER_IMAGE,
                     "cpu": "1",
                     "memory": "1Gi",
                     "masterPort": free_port(),
@@ -116,3 +116,66 @@ def test_operator_rendered_workers_train_and_checkpoint(
     assert steps == list(range(1, STEPS + 1))
     marker = shared / "run" / f"step-{STEPS:09d}" / "sailplan-complete.json"
     assert marker.exists(), sorted(str(p) for p in shared.rglob("*"))
+
+
+def test_worker_writes_checkpoints_into_the_directory_its_image_owns(
+    runner: PodRunner, namespace: str, k8s_api: Any
+) -> None:
+    """The uid of the operator's worker pods against the trainer image: checkpoint storage
+    `uri: /checkpoints` is the directory the image creates for its USER (10001), with no
+    volume over it, so only a worker running as that uid can write there (the runner makes
+    the image's directories with the Dockerfile's owners and runs the trainer as the pod's
+    uid). Expected: the pod Succeeded and its checkpoint of the last step is complete in
+    the container's /checkpoints."""
+    core = client.CoreV1Api(k8s_api)
+    node_pool = f"pr-{uuid.uuid4().hex[:8]}"
+    add_runner_node(runner, node_pool, "nvidia-tesla-a100", ZONE)
+    job = TrainingJob.model_validate(
+        {
+            "name": "inimage",
+            "namespace": namespace,
+            "uid": str(uuid.uuid4()),
+            "spec": {
+                "model": {"custom": TINY.model_dump()},
+                "training": {"globalBatchSize": 2, "steps": 2, "seed": 1},
+                "trainer": {
+                    "image": TRAINER_IMAGE,
+                    "cpu": "1",
+                    "memory": "1Gi",
+                    "masterPort": free_port(),
+                },
+                "checkpoint": {"storage": {"uri": "/checkpoints"}, "intervalSteps": 2},
+            },
+        }
+    )
+    pool = GPUPool.model_validate(
+        {"name": "a100", "spec": {"nodePool": node_pool}, "status": {"gpuType": "A100-40"}}
+    )
+    replica = Replica(pool=naming.pool_key("a100", ZONE), gpu_type="A100-40", zone=ZONE)
+    plan = Plan(
+        model=TINY,
+        global_batch_size=2,
+        micro_batch_size=1,
+        num_micro_batches=2,
+        stages=(Stage(layer_start=0, layer_end=6, tensor_parallel=1, replicas=(replica,)),),
+    )
+    children = desired_children(job, plan, generation=1, attempt=0, pools={"a100": pool})
+    for obj in children.in_creation_order():
+        obj["metadata"].pop("ownerReferences", None)
+    core.create_namespaced_config_map(namespace, children.configmap)
+    core.create_namespaced_service(namespace, children.service)
+    (pod,) = children.pods
+    name = pod["metadata"]["name"]
+    core.create_namespaced_pod(namespace, pod)
+
+    def ended() -> Any:
+        read = core.read_namespaced_pod(name, namespace)
+        return read if read.status.phase in ("Succeeded", "Failed") else None
+
+    ended_pod = wait_for(
+        "the worker to finish", ended, 120.0, lambda: "\n".join(worker_log_tails(runner, namespace))
+    )
+    log = runner.log_path(namespace, name).read_text()
+    assert ended_pod.status.phase == "Succeeded", log
+    checkpoints = runner.pod_dir(namespace, name) / "rootfs" / "trainer" / "checkpoints"
+    assert (checkpoints / "step-000000002" / "sailplan-complete.json").exists(), log
