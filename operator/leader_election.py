@@ -29,6 +29,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, cast
 
+import urllib3.exceptions
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -178,8 +179,7 @@ class LeaseElector:
                 return decision.action
             if not self._write(decision.write, create=decision.action is Action.CREATE):
                 return Action.WAIT
-        except (ApiException, OSError, ValueError) as error:
-            # ValueError: urllib3's timeouts and connection errors surface as subclasses.
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
             logger.warning("Lease %s/%s not read or written: %s", self.namespace, self.name, error)
             return Action.WAIT
         # What was written is what the next read sees: its first sighting is now.
@@ -216,7 +216,11 @@ class LeaseElector:
         """Renew every retry period until `stop` is set; call `on_lost` with the reason when
         another replica took the Lease or no renewal succeeded within the renew deadline."""
         while not stop.wait(self.timings.retry_period_s):
-            action = self.try_acquire_or_renew()
+            try:
+                action = self.try_acquire_or_renew()
+            except Exception as error:  # fail safe: a renewer that died must not keep a leader
+                self._lose(on_lost, f"renewing failed: {error!r}")
+                return
             if action is Action.RENEW:
                 continue
             if action is Action.STEP_DOWN:
@@ -248,7 +252,7 @@ class LeaseElector:
                 return
             if self._write(released(record, datetime.now(UTC)), create=False):
                 logger.info("%s released Lease %s/%s", self.identity, self.namespace, self.name)
-        except (ApiException, OSError, ValueError) as error:
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
             logger.warning("Lease %s/%s not released: %s", self.namespace, self.name, error)
 
 

@@ -1,5 +1,7 @@
 """The pure leader-election decision (sailplan.operator.leader) on a fake clock: who creates,
-acquires, renews, waits or steps down, and when a silent leader's Lease expires."""
+acquires, renews, waits or steps down, and when a silent leader's Lease expires; and what
+needs no API server at the edges: the CLI's check of the timings, a leader cut off from the
+API server (tests/operator/test_leader_election.py runs the elector against a real one)."""
 
 from __future__ import annotations
 
@@ -143,3 +145,33 @@ def test_operator_run_refuses_inconsistent_timings_with_exit_code_2(tmp_path: Pa
     assert refused.exit_code == 2
     assert "lease duration (4s) must exceed the renew deadline (5.0s)" in refused.output
     assert "Traceback" not in refused.output
+
+
+def test_a_leader_cut_off_from_the_api_server_gives_up_at_the_renew_deadline() -> None:
+    """The elector's I/O edge, no server needed: connection errors are not leadership."""
+    import socket
+    import threading
+    import time
+
+    from kubernetes import client
+
+    from sailplan.operator.leader_election import LeaseElector
+
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    configuration = client.Configuration()
+    configuration.host = f"http://127.0.0.1:{port}"
+    timings = Timings(lease_duration_s=4, renew_deadline_s=1.0, retry_period_s=0.2)
+    elector = LeaseElector(
+        client.ApiClient(configuration), "ns", "lease", identity="me", timings=timings
+    )
+    assert elector.try_acquire_or_renew() is Action.WAIT and not elector.leading
+    elector.leading, elector.last_renewed = True, time.monotonic()  # as if it had renewed
+    lost: list[str] = []
+    renewer = threading.Thread(target=elector.hold, args=(threading.Event(), lost.append))
+    renewer.start()
+    renewer.join(timeout=10)
+    assert lost == ["not renewed within the 1.0s deadline"]
+    assert time.monotonic() - elector.last_renewed < timings.lease_duration_s
+    assert not elector.leading
