@@ -16,6 +16,7 @@ removes them, so deleting a job never waits on the operator being up.
 from __future__ import annotations
 
 import logging
+import socket
 from typing import Any
 
 import kopf
@@ -36,6 +37,7 @@ from sailplan.operator.reconcile.nodes import NodeInfo, node_info, pod_gpu_reque
 
 log = logging.getLogger("sailplan.operator")
 
+EVENT_SOURCE = "sailplan-operator"  # the Events' source (`kubectl describe`'s From column)
 # The Kopf indices the runtime reads (ids of the @kopf.index handlers below).
 INDICES = ("nodes", "gpus", "pools", "profiles")
 
@@ -82,7 +84,12 @@ def build_registry(config: OperatorConfig, api_client: client.ApiClient) -> kopf
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         # Discovery once at start instead of watching CRDs: one permission less.
         settings.scanning.disabled = True
+        # Kopf's own log lines become Events only from WARNING up; the operator's decisions
+        # are posted with kopf.event, which this level does not filter.
         settings.posting.level = logging.WARNING
+        settings.posting.reporting_component = EVENT_SOURCE
+        settings.posting.reporting_instance = socket.gethostname()  # the pod, with replicas
+        settings.posting.event_name_prefix = f"{EVENT_SOURCE}-"
         settings.watching.server_timeout = 300
         # Only the profile store's ConfigMaps, filtered by the API server: the watch never
         # carries the cluster's other ConfigMaps.

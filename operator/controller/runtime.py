@@ -229,6 +229,6 @@ class Runtime:
                 log.exception("GPUPool refresh failed during resync")
 
     async def stop(self) -> None:
+        self._stopping = True  # no handler starts the tasks again
         await asyncio.to_thread(self.planning.shutdown)  # SIGTERM must not wait for searches
-        self._stopping = True
         await self.supervisor.stop()
