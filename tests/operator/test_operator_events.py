@@ -24,7 +24,7 @@ def test_a_decision_is_an_event_on_the_job_from_the_operator(
     gpupools: Callable[..., str],
 ) -> None:
     pool = gpupools("a100-ondemand")
-    created = client.CustomObjectsApi(k8s_api).create_namespaced_custom_object(
+    created: dict[str, Any] = client.CustomObjectsApi(k8s_api).create_namespaced_custom_object(
         GROUP, VERSION, namespace, "trainingjobs", job_body(namespace, "told", [pool])
     )
 
