@@ -98,7 +98,20 @@ def test_sigterm_stops_the_operator_within_seconds_while_a_search_runs(
         client.CustomObjectsApi(k8s_api).create_namespaced_custom_object(
             GROUP, VERSION, namespace, "trainingjobs", body
         )
-        time.sleep(5)  # the first reconcile is searching now
+        custom = client.CustomObjectsApi(k8s_api)
+
+        def searching() -> bool:
+            job = custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, "trainingjobs", "big"
+            )
+            conditions = (job.get("status") or {}).get("conditions") or []
+            return any(
+                c["type"] == "Planning" and c["status"] == "True" and c["reason"] == "Searching"
+                for c in conditions
+            )
+
+        wait_for("the job's search under way", searching, 60)
+        time.sleep(2)  # well into the search
         process = operator.process
         assert process is not None and process.poll() is None, operator.log_tail()
         started = time.monotonic()
