@@ -136,7 +136,10 @@ def test_read_only_root_filesystem_denies_writes_outside_volumes(
         "id -u; "
         "touch /home/sailplan/f 2>&1 || echo home-denied; "
         "touch /checkpoints/f 2>&1 || echo checkpoints-denied; "
-        "touch /tmp/f && echo tmp-written; true"
+        "touch /tmp/f && echo tmp-written; "
+        # HOME is the image's (read-only) home, TMPDIR the container's /tmp: the volume.
+        'touch "$HOME/f" 2>/dev/null || echo home-env-denied; '
+        'touch "$TMPDIR/g" && test -e /tmp/g && echo tmpdir-is-tmp; true'
     )
     lines = _run(
         core,
@@ -155,6 +158,7 @@ def test_read_only_root_filesystem_denies_writes_outside_volumes(
     assert "home-denied" in lines and "checkpoints-denied" in lines, lines
     assert any("Permission denied" in line for line in lines), lines
     assert "tmp-written" in lines
+    assert "home-env-denied" in lines and "tmpdir-is-tmp" in lines, lines
 
 
 def test_a_uid_that_does_not_own_the_image_directory_cannot_write_it(

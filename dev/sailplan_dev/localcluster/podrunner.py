@@ -14,6 +14,14 @@ kubelet:
   (podrunner_pod.run_order; one process per pod at a time): each with its own
   environment and argv (podrunner_pod), in its own process group, with stdout/stderr in a
   per-run log file `logs/<container>/<restart>.log` as the kubelet's /var/log/pods;
+- enforces the securityContext (podrunner_security, podrunner_fs): each container runs as
+  its runAsUser/runAsGroup (else its image's USER, from `images`) with fsGroup and
+  supplementalGroups as groups; runAsNonRoot violations keep it Waiting with
+  CreateContainerConfigError; the image's directories are made with the image's owners in
+  a per-container root directory (`rootfs/<container>`, without write bits under
+  readOnlyRootFilesystem) that the image paths in argv/env/config are rewritten to, with
+  HOME and TMPDIR there too; volumes get the kubelet's owners and modes (emptyDir 0777,
+  fsGroup's group with setgid). Needs a runner running as root; otherwise it only checks;
 - reports the pod like a kubelet (podrunner_status): Pending with initContainerStatuses
   while init containers run, Running, then Succeeded/Failed with the exit codes; a failed
   init container fails the pod under restartPolicy Never and is restarted otherwise;
@@ -904,7 +912,15 @@ class PodRunner:
             return rewrite(podspec.localize_hosts(text, names))
 
         def local_dir(path: str) -> str:
-            return str(root) if path.rstrip("/") == "" else local(path)
+            # A directory of the container (cwd, HOME): a volume's or the image's if it is
+            # one, else made in the container's root directory, never on this machine's /.
+            rewritten = local(path)
+            made = Path(rewritten) if rewritten != path else root / path.strip("/")
+            # The runtime creates a missing one; where this runner may not (a non-root
+            # runner under a read-only root), starting the process reports the error.
+            with contextlib.suppress(OSError):
+                made.mkdir(parents=True, exist_ok=True)
+            return str(made)
 
         argv = [local(a) for a in spec.argv]
         hostname = spec_pod.get("hostname") or podspec.meta(pod)["name"]
@@ -915,7 +931,6 @@ class PodRunner:
             entry, spec, hostname, mounts, local, image_env=image_env, identity=identity
         )
         cwd = local_dir(spec.working_dir or image.workdir)
-        Path(cwd).mkdir(parents=True, exist_ok=True)
         self._spawn(entry, argv, env, cwd, identity)
 
     def _retry_later(self, entry: _Pod) -> None:

@@ -12,7 +12,9 @@ Two things differ from a kubelet, because the processes share this machine's fil
 and network instead of getting their own:
 - Mount paths are rewritten, not mounted: every occurrence of a mount path in env values,
   command, args, workingDir (and, by default, in ConfigMap file text, where e.g. the trainer
-  config names its checkpoint directory) becomes the per-pod directory holding that volume.
+  config names its checkpoint directory) becomes the per-pod directory holding that volume;
+  the image's own directories likewise become the container's root directory's
+  (podrunner.py, podrunner_fs.make_root_filesystem).
 - Cluster DNS names (`*.svc`, `*.svc.cluster.local`, `host.subdomain`, a Service's name) in
   env values, command and args become 127.0.0.1: every pod's IP is 127.0.0.1 here.
 """
