@@ -341,6 +341,20 @@ class CostModel:
             self._curves[key] = curve
         return curve
 
+    def measured_pair_curve(self, a: EndpointLike, b: EndpointLike) -> BandwidthCurve | None:
+        """The link measured between nodes of two different GPU types in one zone (the
+        slower node of a mixed pair may not be the whole story: the pair was measured), for
+        the sender's node shape; None for one GPU type or nothing measured."""
+        if a.gpu_type == b.gpu_type:
+            return None
+        gpn = self.gpus_per_node(a)
+        profile = self.context.profiles.network_profile("intra-zone", a.gpu_type, b.gpu_type, gpn)
+        if profile is None or profile.provenance.source != "measured":
+            return None
+        if {profile.gpu_type, profile.peer_gpu_type} != {a.gpu_type, b.gpu_type}:
+            return None  # a generic or one-sided profile, not this pair
+        return profile.curve
+
     def _intra_node_link(self, gpu_type: str, gpus_per_node: int) -> tuple[BandwidthCurve, float]:
         """Per-GPU link inside a node (measured curve or datasheet) and its hop latency."""
         curve = self.curve("intra-node", gpu_type, gpu_type, gpus_per_node)
@@ -378,6 +392,11 @@ class CostModel:
                 link = self.link_class(a, b)
                 if link != "intra-zone":
                     rates.append(self._group_curve(a, b, tp, False).bytes_per_second(nbytes))
+                else:
+                    pair = self.measured_pair_curve(a, b)
+                    if pair is not None:
+                        share = min(1.0, max(1, tp) / self.gpus_per_node(a))
+                        rates.append(pair.bytes_per_second(nbytes) * share)
                 rate = min(rates)
                 latency = NETWORK_HOP_LATENCY_S
             seconds = latency + nbytes / rate
@@ -416,6 +435,12 @@ class CostModel:
                 intra.append(self._intra_node_link(first.gpu_type, gpn))
             share = min(1.0, on_busiest * tp / gpn)
             inter.append(scaled_curve(self.node_nic_curve(first.gpu_type, gpn), share))
+        pools = [r for i, r in enumerate(ring) if i == 0 or r.pool != ring[i - 1].pool]
+        for i, a in enumerate(pools):
+            b = pools[(i + 1) % len(pools)]
+            pair = self.measured_pair_curve(a, b) if a.zone == b.zone else None
+            if pair is not None:
+                inter.append(pair)
         zones = [r for i, r in enumerate(ring) if i == 0 or r.zone != ring[i - 1].zone]
         if len(zones) > 1:
             for i, a in enumerate(zones):

@@ -7,7 +7,7 @@ import pytest
 
 from sailplan.planner.catalog import default_catalog
 from sailplan.planner.cluster import ClusterSnapshot, Pool
-from sailplan.planner.profiles.types import ProfileSet
+from sailplan.planner.profiles.types import NetworkProfile, ProfileSet, Provenance
 from sailplan.planner.simulator import PlanningContext
 from sailplan.planner.simulator.collectives import (
     NCCL_BASE_LATENCY_S,
@@ -101,3 +101,27 @@ def test_tree_beats_ring_for_small_messages_on_many_nodes_and_not_for_large_ones
     assert got[0] == pytest.approx(tree_small, rel=0.01)
     ring_large = 2 * (2 * 63 / 64 * 5e8 / 10e9 + 2 * 63 * 1e-5 + NCCL_BASE_LATENCY_S)
     assert got[1] == pytest.approx(ring_large, rel=0.01)
+
+
+def test_a_measured_link_between_two_gpu_types_bounds_their_mixed_group() -> None:
+    # each node's own NIC is fast (the datasheet), but the pair was measured at 100 MB/s
+    pair = NetworkProfile(
+        link="intra-zone",
+        gpu_type="A100-40",
+        peer_gpu_type="V100-16",
+        curve=flat_curve(100e6),
+        provenance=Provenance(source="measured", tool="test"),
+    )
+    cluster = ClusterSnapshot(
+        pools=(
+            a100_pool(gpus_per_node=1),
+            Pool(name="v", gpu_type="V100-16", zone="us-central1-a", gpus_per_node=1, nodes=2),
+        )
+    )
+    context = PlanningContext(model=MODEL, cluster=cluster, profiles=ProfileSet(network=(pair,)))
+    a = Endpoint("a", "A100-40", "us-central1-a")
+    v = Endpoint("v", "V100-16", "us-central1-a")
+    layout = context.costs.allreduce_layout([a, v], tp=1)
+    assert layout.inter_node.max_bytes_per_s == pytest.approx(100e6)
+    # a pipeline send between the two types crosses the same measured link
+    assert context.costs.p2p_seconds(1e8, a, v) == pytest.approx(1.0, rel=0.01)
