@@ -204,29 +204,49 @@ def test_slow_checkpoint_storage_keeps_unless_the_horizon_is_longer(
     catalog: Catalog, one_node_plan: Plan
 ) -> None:
     # The same 1 -> 4 node change that switches with the defaults (first test), but the job
-    # says its checkpoint storage does 1 MB/s. Adam checkpoints 12 B/param, written once and
-    # read once, plus 15 s teardown and 90 s pod start (RestartCostModel defaults).
+    # says its checkpoint storage does 1 MB/s and it judges gains over 3 h. Adam checkpoints
+    # 12 B/param, written once and read once, plus 15 s teardown and 90 s pod start
+    # (RestartCostModel defaults).
     model = catalog.model("OPT-350M")
-    restart = 2 * model.total_parameters() * 12 / 1e6 + 15 + 90  # ~9882 s
-    slow = job(SPEC | {"replan": {"checkpointBandwidthBytesPerSecond": 1_000_000}})
+    bandwidth = 1_000_000
+    restart = 2 * model.total_parameters() * 12 / bandwidth + 15 + 90  # ~9882 s
+    short_horizon, day_seconds = 3 * 3600, 86400
+    slow = job(
+        SPEC
+        | {
+            "replan": {
+                "checkpointBandwidthBytesPerSecond": bandwidth,
+                "horizonSeconds": short_horizon,
+            }
+        }
+    )
     kept = decide(inputs(one_node_plan, cluster(4), slow), context(catalog, slow), CAPACITY_ADDED)
     assert isinstance(kept, Keep), kept
     evaluation = kept.evaluation
     assert evaluation is not None
     assert evaluation.restart_seconds == pytest.approx(restart)
-    # 100k steps of 32 samples outlast even a day at ~15 samples/s, so the horizon H caps the
-    # work judged, and a gain g saves H * g / (1 + g) seconds. The default 6 h cannot repay
-    # ~9882 s when g < 0.84, a 24 h horizon can when g > 0.13; the planner's gain must lie
-    # between for this case to be the marginal one it claims.
+    # 100k steps of 32 samples outlast a day, so the horizon H caps the work judged, and a
+    # gain g saves H * g / (1 + g) seconds. A 3 h horizon cannot repay the restart when
+    # g / (1 + g) < restart / 3 h, a 24 h horizon can when g / (1 + g) > restart / 24 h; the
+    # planner's gain must lie between for this case to be the marginal one it claims.
     gain = evaluation.gain_fraction
-    assert 0.13 < gain < 0.84, f"gain {gain:.2f} leaves the marginal window; pick new numbers"
-    assert evaluation.benefit == pytest.approx(6 * 3600 * gain / (1 + gain))
+    share = gain / (1 + gain)
+    assert restart / day_seconds < share < restart / short_horizon, (
+        f"gain {gain:.2f} leaves the marginal window; pick new numbers"
+    )
+    assert evaluation.benefit == pytest.approx(short_horizon * share)
     assert evaluation.benefit < evaluation.restart_penalty
     day = job(
-        SPEC | {"replan": {"checkpointBandwidthBytesPerSecond": 1_000_000, "horizonSeconds": 86400}}
+        SPEC
+        | {
+            "replan": {
+                "checkpointBandwidthBytesPerSecond": bandwidth,
+                "horizonSeconds": day_seconds,
+            }
+        }
     )
     switched = decide(inputs(one_node_plan, cluster(4), day), context(catalog, day), CAPACITY_ADDED)
     assert isinstance(switched, Switch), switched
     assert switched.evaluation is not None
-    assert switched.evaluation.benefit == pytest.approx(86400 * gain / (1 + gain))
+    assert switched.evaluation.benefit == pytest.approx(day_seconds * share)
     assert switched.evaluation.benefit > restart

@@ -45,6 +45,7 @@ CATALOG = default_catalog()
 MODEL = CATALOG.model("OPT-350M")
 CONTEXT = ReplanContext(planner=make_plan, catalog=CATALOG)
 SPEC = JOB_SPEC | {"training": {"globalBatchSize": 32, "steps": 100_000}}
+GPUS_PER_NODE = 4
 
 
 def make_job(**spec: Any) -> TrainingJob:
@@ -62,7 +63,8 @@ def gpupool(total: int, free: int) -> GPUPool:
 def nodes(count: int, **overrides: NodeInfo) -> dict[str, NodeInfo]:
     labels = {ZONE_LABEL: ZONE, NODEPOOL_LABEL: "a100-ondemand"}
     found = {
-        f"n{i}": NodeInfo(f"n{i}", labels, ready=True, gpus_allocatable=4) for i in range(count)
+        f"n{i}": NodeInfo(f"n{i}", labels, ready=True, gpus_allocatable=GPUS_PER_NODE)
+        for i in range(count)
     }
     return found | overrides
 
@@ -70,15 +72,20 @@ def nodes(count: int, **overrides: NodeInfo) -> dict[str, NodeInfo]:
 def pods(
     job: TrainingJob, plan: Plan, generation: int, attempt: int = 0, **status: Any
 ) -> list[dict[str, Any]]:
-    """The plan's worker pods, worker i on node n<i>, with the given status fields."""
+    """The plan's worker pods with the given status fields, packed onto nodes n0, n1, ... in
+    rank order as the scheduler packs them (GPUS_PER_NODE each)."""
     rendered = desired_children(job, plan, generation, attempt, {"a100": gpupool(1, 1)}).pods
     out = []
-    for i, pod in enumerate(rendered):
+    for worker, pod in zip(plan.workers(), rendered, strict=True):
         pod = pod | {"status": {"phase": "Running"} | status}
         pod["metadata"] = pod["metadata"] | {"uid": f"{pod['metadata']['name']}-uid"}
-        pod["spec"] = pod["spec"] | {"nodeName": f"n{i}"}
+        pod["spec"] = pod["spec"] | {"nodeName": f"n{worker.first_rank // GPUS_PER_NODE}"}
         out.append(pod)
     return out
+
+
+def names(bodies: list[dict[str, Any]]) -> tuple[str, ...]:
+    return tuple(body["metadata"]["name"] for body in bodies)
 
 
 def observe(
@@ -101,12 +108,13 @@ def observe(
 
 @pytest.fixture(scope="module")
 def plan1() -> Plan:
-    """The plan on one free 4-GPU node: a single TP-4 worker (checked below)."""
+    """The plan on one free 4-GPU node: it uses all four GPUs of that node (checked below;
+    whichever TP/DP shape the simulator prefers)."""
     result = make_plan(
         plan_request(make_job(), MODEL, t.capacity_snapshot([gpupool(1, 1)], [], {}))
     )
     assert isinstance(result, Planned)
-    assert len(result.best.workers()) == 1
+    assert result.best.world_size == GPUS_PER_NODE
     return result.best
 
 
@@ -159,7 +167,7 @@ def test_voluntary_switch_drains_then_switches(plan1: Plan) -> None:
     record = actions[0]
     assert isinstance(record, m.RecordHistory) and record.record.predicted_gain is not None
     assert record.record.predicted_gain >= 0.1
-    assert actions[2] == m.RequestCheckpoint(("opt-g1-a0-w0",), 1)
+    assert actions[2] == m.RequestCheckpoint(names(pods(job, plan1, 1)), 1)
 
     # The annotation landed; no new checkpoint yet: nothing more to do, nothing repeated.
     for body in old:
@@ -174,7 +182,7 @@ def test_voluntary_switch_drains_then_switches(plan1: Plan) -> None:
     switching, actions = replay(state, inputs, NOW + timedelta(seconds=40))
     assert switching.phase == "Switching"
     assert switching.last_drain_seconds == 40.0  # measured, reused as the next restart cost
-    assert actions == (m.DeletePods(("opt-g1-a0-w0",)),)
+    assert actions == (m.DeletePods(names(pods(job, plan1, 1))),)
 
     # ...and once it is gone, creates generation 2 and runs it.
     inputs = observe(job, plan1, [], nodes(4), grown)
@@ -244,7 +252,7 @@ def test_no_capacity_waits_and_resumes_by_itself(plan1: Plan) -> None:
     assert waiting.phase == "Waiting" and waiting.trigger == t.NODE_LOST
     assert m.replanning_condition(waiting, 1).status == "True"
     assert m.job_phase(waiting) == "Unschedulable"
-    assert actions[-1] == m.DeletePods(("opt-g1-a0-w0",))
+    assert actions[-1] == m.DeletePods(names(pods(job, plan1, 1)))
     # Nothing changes: no planning, no new action beyond cleaning up the old pod.
     assert replay(waiting, observe(job, plan1, [], {}, [gpupool(0, 0)]), NOW)[0] == waiting
     # Two nodes come back: plan for them and switch to generation 2.
@@ -274,7 +282,7 @@ def test_real_failures_back_off_count_once_and_exhaust_the_budget(plan1: Plan) -
     assert again == restart and actions == ()
     # After the backoff: the failed pod is deleted, then attempt 1 is created.
     after, actions = replay(restart, inputs, NOW + timedelta(seconds=10))
-    assert actions == (m.DeletePods(("opt-g1-a0-w0",)),)
+    assert actions == (m.DeletePods(names(pods(job, plan1, 1))),)
     later = NOW + timedelta(seconds=15)
     running, actions = replay(after, observe(job, plan1, [], nodes(1), [gpupool(1, 1)]), later)
     assert (running.generation, running.attempt) == (1, 1)
@@ -347,7 +355,7 @@ def test_lost_status_write_replays_the_same_work(plan1: Plan) -> None:
     # creates again (the worker renderer uses fixed names, so a duplicate is a 409).
     switching = draining.model_copy(update={"phase": "Switching"})
     _, deletes = replay(switching, observe(job, plan1, old, nodes(4), grown), NOW)
-    assert deletes == (m.DeletePods(("opt-g1-a0-w0",)),)
+    assert deletes == (m.DeletePods(names(pods(job, plan1, 1))),)
     target = draining.target()
     assert target is not None
     running2 = draining.model_copy(
