@@ -14,11 +14,12 @@ import pytest
 from kubernetes import client
 from operator_process import OperatorProcess
 from test_operator_cluster import (  # the real-operator fixture and helpers
+    get_job,
     job_body,
     operator,  # noqa: F401 (fixture)
-    wait_phase,
 )
 from test_profiling import CLUSTER, MODEL, compute, network
+from waiting import wait_for
 
 from sailplan.operator.api.common import GROUP, VERSION
 from sailplan.operator.kube import Kube
@@ -122,7 +123,15 @@ def test_imported_sailor_artifact_is_read_back_and_used_for_planning(
     client.CustomObjectsApi(k8s_api).create_namespaced_custom_object(
         GROUP, VERSION, namespace, "trainingjobs", job_body(namespace, "imported", [pool])
     )
-    job = wait_phase(k8s_api, namespace, "imported", {"Running", "Unschedulable", "Pending"})
+
+    # The first status says Planning (the search runs in a worker process); ProfilesMeasured
+    # comes with the search's answer.
+    def planned() -> dict[str, Any] | None:
+        job = get_job(k8s_api, namespace, "imported")
+        found = (job.get("status") or {}).get("conditions") or []
+        return job if any(c["type"] == "ProfilesMeasured" for c in found) else None
+
+    job = wait_for("TrainingJob imported with a ProfilesMeasured condition", planned, 120)
     conditions = {c["type"]: c for c in job["status"]["conditions"]}
     # The artifact measured OPT-350M on A100-40 and the A100 links: nothing left to estimate.
     assert conditions["ProfilesMeasured"]["status"] == "True", conditions["ProfilesMeasured"]
