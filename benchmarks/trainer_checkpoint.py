@@ -25,7 +25,7 @@ import torch.distributed as dist
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.trainer.checkpoint import Checkpointer, CheckpointStore, restore_state
 from sailplan.trainer.model import StageModel
-from sailplan.trainer.optimizer import StageOptimizer
+from sailplan.trainer.optimizer import ReplicatedOptimizer
 from sailplan.trainer.tp import TPGroup
 
 
@@ -36,15 +36,9 @@ def _port() -> int:
         return port
 
 
-def _optimizer(model: StageModel) -> StageOptimizer:
-    return StageOptimizer(
-        list(model.parameters()),
-        kind="adam",
-        lr=1e-4,
-        dp_group=None,
-        dp_ranks=(0,),
-        dp_rank=0,
-        zero=False,
+def _optimizer(model: StageModel) -> ReplicatedOptimizer:
+    return ReplicatedOptimizer(
+        list(model.parameters()), kind="adam", lr=1e-4, dp_group=None, dp_size=1
     )
 
 

@@ -59,8 +59,10 @@ class TrainerConfig(BaseModel):
     checkpoint_interval_steps: int = Field(default=50, ge=1)
     checkpoints_to_keep: int = Field(default=2, ge=1)
     mixed_precision: bool = Field(default=False, description="bf16 autocast on CUDA")
-    zero_stage: Literal[0, 1] = Field(
-        default=1, description="1: optimizer state partitioned over each stage's DP replicas"
+    zero_stage: Literal[0, 1, 2] = Field(
+        default=1,
+        description="DeepSpeed ZeRO over each stage's DP replicas: 1 partitions the optimizer "
+        "state, 2 also the gradients; 0 keeps everything on every replica",
     )
 
 

@@ -7,21 +7,23 @@ is also the data position: see sailplan.trainer.data), seed, model and plan gene
 run under another plan asks DCP for the keys of its own layers and slices its TP shard, so
 resharding across stage splits, TP and DP degrees is a key lookup.
 
-Why DCP and not DeepSpeed's universal checkpoint: DCP is part of torch (no extra
-dependency), de-duplicates keys written by several ranks, lets each rank read only the keys
-it needs, writes through a FileSystemWriter or fsspec, and its save is safe to run on a
-background thread over its own process group, which gives "snapshot to host memory, write
-in the background" (see Checkpointer). DeepSpeed's universal checkpoint is a post-hoc
-conversion of DeepSpeed's own ZeRO/pipeline layout, which this trainer does not use.
+Why DCP and not DeepSpeed's universal checkpoint: DCP is part of torch, de-duplicates keys
+written by several ranks, lets each rank read only the keys it needs, writes through a
+FileSystemWriter or fsspec, and its save is safe to run on a background thread over its own
+process group, which gives "snapshot to host memory, write in the background" (see
+Checkpointer). DeepSpeed's universal checkpoint is a post-hoc
+conversion of the layout DeepSpeed's engine writes; the trainer uses DeepSpeed's ZeRO
+optimizer only, without that engine, and reads its state per parameter instead.
 
 Completeness: DCP writes `.metadata` only after every rank's data, and rank 0 then writes
 `sailplan-complete.json` (write-to-temp then rename). Resume considers only directories with
 that marker, so a save cut short by SIGKILL is never picked up; pruning keeps the newest
 `keep` complete checkpoints and removes incomplete ones older than the newest complete.
 
-Who writes: replica 0 of each stage gathers each TP-sharded parameter onto its TP rank 0
-(on the host), which contributes it; moments come from their ZeRO-1 owner replica the same
-way (sailplan.trainer.optimizer); identical copies elsewhere are not written.
+Who writes: replica 0 of each stage gathers each TP-sharded parameter and its full moments
+onto its TP rank 0 (on the host), which contributes them; under ZeRO every replica first
+takes part in assembling the full moments from the replicas' shares
+(sailplan.trainer.optimizer); identical copies elsewhere are not written.
 Called by the engine (save/poll/restore) and the checkpoint benchmark.
 """
 
@@ -220,16 +222,18 @@ def logical_state(
 ) -> dict[str, torch.Tensor]:
     """Host copies of this rank's part of the logical state.
 
-    Parameters come from replica 0 of the stage (`saves_parameters`), moments from the rank
-    the optimizer names (the ZeRO-1 owner); every TP rank of a replica makes the same
-    choices, so the TP gathers pair up.
+    Parameters and moments come from replica 0 of the stage (`saves_parameters`); every
+    replica asks for the moments (a collective over the DP group under ZeRO) and every TP
+    rank of a replica makes the same choices, so the collectives pair up.
     """
     state: dict[str, torch.Tensor] = {}
     for key, param, split in _param_keys(model):
-        tensors: dict[str, torch.Tensor] = {key: param} if saves_parameters else {}
-        if optimizer.saves_moments(param):
-            for moment, value in sorted(optimizer.moments(param).items()):
-                tensors[f"optim.{moment}.{key}"] = value
+        moments = optimizer.moments(param)
+        if not saves_parameters:
+            continue
+        tensors: dict[str, torch.Tensor] = {key: param}
+        for moment, value in sorted(moments.items()):
+            tensors[f"optim.{moment}.{key}"] = value
         for name, tensor in tensors.items():
             full = gather_full(tensor, split, tp, tp_root)
             if full is not None:
@@ -250,14 +254,15 @@ def restore_state(
 ) -> None:
     """Load this rank's shards of the logical state written at `info` by any plan.
 
-    Every rank reads the parameters of its layers; moments only where this rank owns them.
+    Every rank reads the parameters of its layers and their full moments; the optimizer
+    keeps its share of the moments.
     """
     with_moments = bool(info.marker.get("optimizer_moments"))
     wanted: dict[str, torch.Tensor] = {}
     for key, param, split in _param_keys(model, with_tied_copy=True):
         shape = logical_shape(param.shape, split)
         wanted[key] = torch.empty(shape, dtype=param.dtype)
-        if with_moments and optimizer.owns(param):
+        if with_moments:
             for moment in ("exp_avg", "exp_avg_sq"):
                 wanted[f"optim.{moment}.{key}"] = torch.empty(shape, dtype=torch.float32)
     dcp_load(wanted, storage_reader=store.reader(info.step), process_group=process_group)
@@ -265,7 +270,7 @@ def restore_state(
     with torch.no_grad():
         for key, param, split in _param_keys(model, with_tied_copy=True):
             param.copy_(local_shard(wanted[key], split, tp))
-            if with_moments and optimizer.owns(param):
+            if with_moments:
                 moments = {
                     moment: local_shard(wanted[f"optim.{moment}.{key}"], split, tp)
                     .to(param.device)
@@ -273,6 +278,7 @@ def restore_state(
                     for moment in ("exp_avg", "exp_avg_sq")
                 }
                 optimizer.set_moments(param, step, moments)
+    optimizer.restored()
 
 
 @dataclass

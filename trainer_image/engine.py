@@ -4,7 +4,8 @@ Every rank of the world runs this with the same Plan and TrainerConfig. It creat
 process groups (every rank creates every group, in the order sailplan.trainer.layout lists
 them, as torch.distributed requires), builds and initialises its stage's layers for its TP
 rank, restores the newest complete checkpoint if there is one (whatever plan wrote it), and
-then per step: the 1F1B schedule, the DP gradient reduction and optimizer update (ZeRO-1 by default),
+then per step: the 1F1B schedule, the DP gradient reduction and optimizer update (DeepSpeed
+ZeRO-1 by default, see sailplan.trainer.optimizer),
 and one small world all-reduce that carries the stop flag and the loss (so every rank
 agrees on when to stop and knows the global loss). Called by sailplan.trainer.train.
 """
@@ -33,7 +34,7 @@ from sailplan.trainer.checkpoint import (
 )
 from sailplan.trainer.layout import RankLayout, dp_groups, rank_layout, tp_groups
 from sailplan.trainer.model import StageModel, local_shard, logical_shape
-from sailplan.trainer.optimizer import StageOptimizer
+from sailplan.trainer.optimizer import make_optimizer
 from sailplan.trainer.progress import Reporter
 from sailplan.trainer.schedule import MicroBatchFn, PipelineComm, run_1f1b
 from sailplan.trainer.stopping import StopSignal
@@ -120,14 +121,15 @@ class Trainer:
         self.model.initialise(config.seed)
         self.model.to(device)
         self.params = list(self.model.parameters())
-        self.optimizer = StageOptimizer(
+        self.optimizer = make_optimizer(
             self.params,
             kind=plan.optimizer,
             lr=config.learning_rate,
+            zero_stage=config.zero_stage,
             dp_group=self.groups.dp,
-            dp_ranks=self.layout.dp_ranks,
-            dp_rank=self.layout.replica,
-            zero=config.zero_stage == 1,
+            dp_size=self.groups.dp_size,
+            tp_group=self.groups.tp_handle,
+            num_micro_batches=plan.num_micro_batches,
         )
         self.source = data_mod.make_source(
             config.data, plan.model.vocab_size, plan.model.sequence_length
@@ -247,6 +249,7 @@ class Trainer:
             self.plan.num_micro_batches,
             self._micro_batch(step),
             self.autocast if self.autocast is not None else contextlib.nullcontext(),
+            after_backward=self.optimizer.after_backward,
         )
         self.sync_tied_gradients()
         self.optimizer.step()
@@ -257,14 +260,15 @@ class Trainer:
 
         The two ends may have different TP degrees, so the TP rank 0 of each gathers the full
         gradient, the two all-reduce it, and each broadcasts it back into its TP group and
-        keeps its shard. Both copies then take the same update and stay equal.
+        keeps its shard. Both copies then take the same update and stay equal. (Under ZeRO-2
+        the gradients are already averaged over the replicas here; the sum is the same.)
         """
         embedding = self.model.tied_embedding()
         if embedding is None:
             return
         split = embedding.splits["weight"]
         weight = embedding.weight
-        grad = weight.grad if weight.grad is not None else torch.zeros_like(weight)
+        grad = self.optimizer.gradient(weight)
         full = gather_full(grad, split, self.groups.tp, self.layout.tp_root)
         if full is None:
             full = torch.empty(logical_shape(weight.shape, split), device=weight.device)
@@ -272,7 +276,7 @@ class Trainer:
             dist.all_reduce(full, group=self.groups.tie)
         if self.groups.tp.size > 1:
             dist.broadcast(full, src=self.layout.tp_root, group=self.groups.tp_handle)
-        weight.grad = local_shard(full, split, self.groups.tp).clone()
+        self.optimizer.set_gradient(weight, local_shard(full, split, self.groups.tp).clone())
 
     def run(self) -> str:
         """Train to config.steps or until asked to stop; returns why it ended."""

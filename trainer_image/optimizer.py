@@ -1,125 +1,154 @@
-"""The optimizer step of one stage replica, plain or ZeRO stage 1 over the stage's DP group.
+"""The optimizer step of one stage replica: what the engine and the checkpoint code call.
 
-ZeRO-1 partitions the optimizer state: every parameter is owned by one rank of the DP group
-(whole tensors, assigned greedily by size in parameter order, so every replica computes the
-same assignment), only the owner keeps its Adam moments and updates it, and the updated
-values are broadcast back. Gradients are reduced to the owner rather than all-reduced, so
-the traffic (reduce + broadcast) equals one all-reduce while the moments take 1/DP of the
-memory. With DP 1, or zero_stage 0, every rank keeps and updates everything after the
-bucketed all-reduce of sailplan.trainer.grads.
+Two implementations behind one interface (`StageOptimizer`):
 
-Why not DeepSpeed's ZeRO: its engine owns the model, the data-parallel group and the
-pipeline topology (one TP degree for all stages); here the DP group is per stage and per TP
-rank, and the state must stay addressable per logical parameter for the plan-independent
-checkpoint, which this owner map gives directly (checkpoint.py asks `owns` / `moments`).
-Called by the engine.
+- `ReplicatedOptimizer` (zero_stage 0, or a stage with one replica): the bucketed DP
+  all-reduce of sailplan.trainer.grads, then a torch optimizer on every replica, each
+  holding all of the stage's optimizer state.
+- `sailplan.trainer.zero.ZeroOptimizer` (zero_stage 1 or 2 with two or more replicas):
+  DeepSpeed's ZeRO optimizer over the stage's DP group, each replica holding an even share
+  of the state.
+
+The interface is the engine's step (`after_backward` per micro-batch, `gradient` /
+`set_gradient` for the tied-embedding sum, `step`) and the plan-independent checkpoint's
+view of the state per logical parameter (`moments`, `set_moments`, `restored`): whatever
+the sharding, a checkpoint holds each parameter's full moments, so a run under another plan
+or another ZeRO stage resumes from it. `make_optimizer` picks the implementation.
+Called by the engine, the checkpoint code and the checkpoint benchmark.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from sailplan.trainer.grads import all_reduce_gradients, buckets, flatten, unflatten
+from sailplan.trainer.grads import all_reduce_gradients
 
 ADAM_BETAS = (0.9, 0.95)
+ADAM_EPS = 1e-8
+MOMENT_KEYS = ("exp_avg", "exp_avg_sq")
 
 
-def assign_owners(sizes: list[int], world: int) -> list[int]:
-    """Owner DP rank per parameter: largest first onto the least-loaded rank (ties: lowest)."""
-    load = [0] * world
-    owners = [0] * len(sizes)
-    for index in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
-        rank = min(range(world), key=lambda r: (load[r], r))
-        owners[index] = rank
-        load[rank] += sizes[index]
-    return owners
-
-
-def _inner(kind: str, params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+def torch_optimizer(kind: str, params: list[Any], lr: float) -> torch.optim.Optimizer:
+    """The update rule, shared by both implementations so they compute the same arithmetic."""
     if kind == "sgd":
         return torch.optim.SGD(params, lr=lr)
-    # foreach=False: the per-tensor loop is the same arithmetic for any grouping of tensors,
-    # so the update does not depend on which rank owns what.
-    return torch.optim.Adam(params, lr=lr, betas=ADAM_BETAS, eps=1e-8, foreach=False)
+    # foreach=False: the per-tensor loop is the same elementwise arithmetic whether it runs
+    # over the model's tensors or over ZeRO's flat partition of them.
+    return torch.optim.Adam(params, lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS, foreach=False)
 
 
-class StageOptimizer:
-    """Gradient averaging and the update for one rank's parameters."""
+class StageOptimizer(ABC):
+    """Gradient averaging over the stage's DP group and the update of one rank's parameters."""
+
+    @abstractmethod
+    def after_backward(self, micro_batch: int) -> None:
+        """Called after each micro-batch's backward (ZeRO-2 reduces gradients there)."""
+
+    @abstractmethod
+    def gradient(self, param: torch.nn.Parameter) -> torch.Tensor:
+        """The parameter's accumulated gradient as it stands before `step`."""
+
+    @abstractmethod
+    def set_gradient(self, param: torch.nn.Parameter, grad: torch.Tensor) -> None:
+        """Replace it (the tied-embedding sum); the same transformation on every replica."""
+
+    @abstractmethod
+    def step(self) -> None:
+        """Average the gradients over the DP group and update the parameters."""
+
+    @abstractmethod
+    def moments(self, param: torch.nn.Parameter) -> dict[str, torch.Tensor]:
+        """The parameter's full Adam moments ({} before the first step, or for SGD).
+
+        Collective over the DP group under ZeRO: every replica calls it for the same
+        parameters in the same order."""
+
+    @abstractmethod
+    def set_moments(
+        self, param: torch.nn.Parameter, step: int, moments: dict[str, torch.Tensor]
+    ) -> None:
+        """Restore the parameter's full moments (this rank keeps its share)."""
+
+    @abstractmethod
+    def restored(self) -> None:
+        """Called after a checkpoint was copied into the parameters and moments."""
+
+    @abstractmethod
+    def state_bytes(self) -> int:
+        """Bytes of optimizer state (moments) this rank holds."""
+
+
+class ReplicatedOptimizer(StageOptimizer):
+    """Every replica keeps all the state and applies the same update after an all-reduce."""
 
     def __init__(
-        self,
-        params: list[torch.nn.Parameter],
-        *,
-        kind: str,
-        lr: float,
-        dp_group: Any,
-        dp_ranks: tuple[int, ...],
-        dp_rank: int,
-        zero: bool,
+        self, params: list[torch.nn.Parameter], *, kind: str, lr: float, dp_group: Any, dp_size: int
     ) -> None:
         self.params = params
-        self.dp_group, self.dp_ranks, self.dp_rank = dp_group, dp_ranks, dp_rank
-        self.dp_size = len(dp_ranks)
-        self.zero = zero and self.dp_size > 1
-        world = self.dp_size if self.zero else 1
-        self.owners = assign_owners([p.numel() for p in params], world)
-        if not self.zero:
-            self.owners = [dp_rank] * len(params)
-        self._position = {id(p): i for i, p in enumerate(params)}
-        self.local = [p for p, o in zip(params, self.owners, strict=True) if o == dp_rank]
-        self.inner = _inner(kind, self.local, lr)
+        self.dp_group, self.dp_size = dp_group, dp_size
+        self.inner = torch_optimizer(kind, params, lr)
 
-    def owns(self, param: torch.nn.Parameter) -> bool:
-        """Whether this rank keeps the parameter's optimizer state and updates it."""
-        return self.owners[self._position[id(param)]] == self.dp_rank
+    def after_backward(self, micro_batch: int) -> None:
+        pass  # gradients accumulate in .grad until the step's all-reduce
 
-    def saves_moments(self, param: torch.nn.Parameter) -> bool:
-        """Whether this rank writes the parameter's moments into a checkpoint: the owner
-        under ZeRO-1, replica 0 otherwise (every replica holds the same moments then)."""
-        return self.owns(param) if self.zero else self.dp_rank == 0
+    def gradient(self, param: torch.nn.Parameter) -> torch.Tensor:
+        return param.grad if param.grad is not None else torch.zeros_like(param)
+
+    def set_gradient(self, param: torch.nn.Parameter, grad: torch.Tensor) -> None:
+        param.grad = grad
+
+    def step(self) -> None:
+        all_reduce_gradients(self.params, self.dp_group, self.dp_size)
+        self.inner.step()
+        self.inner.zero_grad(set_to_none=True)
 
     def moments(self, param: torch.nn.Parameter) -> dict[str, torch.Tensor]:
         state = self.inner.state.get(param, {})
-        return {k: v for k, v in state.items() if k in ("exp_avg", "exp_avg_sq")}
+        return {k: v for k, v in state.items() if k in MOMENT_KEYS}
 
     def set_moments(
         self, param: torch.nn.Parameter, step: int, moments: dict[str, torch.Tensor]
     ) -> None:
         self.inner.state[param] = {"step": torch.tensor(float(step)), **moments}
 
-    def step(self) -> None:
-        if not self.zero:
-            all_reduce_gradients(self.params, self.dp_group, self.dp_size)
-            self.inner.step()
-            self.inner.zero_grad(set_to_none=True)
-            return
-        by_owner: list[list[torch.nn.Parameter]] = [[] for _ in range(self.dp_size)]
-        for param, owner in zip(self.params, self.owners, strict=True):
-            by_owner[owner].append(param)
-        for owner, owned in enumerate(by_owner):
-            for bucket in buckets(owned, 25 * 2**20):
-                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket]
-                flat = flatten(grads)
-                dist.reduce(flat, dst=self.dp_ranks[owner], group=self.dp_group)
-                if owner == self.dp_rank:
-                    flat /= self.dp_size
-                    for param, grad in zip(bucket, unflatten(flat, grads), strict=True):
-                        param.grad = grad
-        self.inner.step()
-        for param in self.params:
-            param.grad = None
-        with torch.no_grad():
-            for owner, owned in enumerate(by_owner):
-                for bucket in buckets(owned, 25 * 2**20):
-                    flat = flatten([p.data for p in bucket])
-                    dist.broadcast(flat, src=self.dp_ranks[owner], group=self.dp_group)
-                    if owner != self.dp_rank:
-                        for param, value in zip(
-                            bucket,
-                            unflatten(flat, [p.data for p in bucket]),
-                            strict=True,
-                        ):
-                            param.copy_(value)
+    def restored(self) -> None:
+        pass  # the parameters and the state were restored in place
+
+    def state_bytes(self) -> int:
+        return sum(
+            value.numel() * value.element_size()
+            for state in self.inner.state.values()
+            for key, value in state.items()
+            if key in MOMENT_KEYS
+        )
+
+
+def make_optimizer(
+    params: list[torch.nn.Parameter],
+    *,
+    kind: str,
+    lr: float,
+    zero_stage: int,
+    dp_group: Any,
+    dp_size: int,
+    tp_group: Any,
+    num_micro_batches: int,
+) -> StageOptimizer:
+    """ZeRO (DeepSpeed) for zero_stage 1 or 2 when the stage has replicas to share the
+    state with; the replicated optimizer otherwise (one replica has nothing to partition)."""
+    if zero_stage == 0 or dp_size == 1:
+        return ReplicatedOptimizer(params, kind=kind, lr=lr, dp_group=dp_group, dp_size=dp_size)
+    from sailplan.trainer.zero import ZeroOptimizer
+
+    return ZeroOptimizer(
+        params,
+        kind=kind,
+        lr=lr,
+        stage=zero_stage,
+        dp_group=dp_group,
+        tp_group=tp_group,
+        num_micro_batches=num_micro_batches,
+    )

@@ -88,17 +88,20 @@ def run_1f1b(
     num_micro_batches: int,
     micro_batch: MicroBatchFn,
     autocast: contextlib.AbstractContextManager[Any] | None = None,
+    *,
+    after_backward: Callable[[int], None] | None = None,
 ) -> float:
     """One step's forwards and backwards; returns the pipeline's mean loss on the last stage.
 
     Gradients accumulate in the parameters' .grad, scaled by 1/num_micro_batches so that
     they are the gradient of the mean loss over the pipeline's micro-batches.
+    `after_backward(i)` runs after the i-th micro-batch's backward (ZeRO-2 reduces there).
     """
     layout = comm.layout
     first, last = layout.is_first_stage, layout.is_last_stage
     in_flight: deque[tuple[torch.Tensor | None, torch.Tensor]] = deque()
     total_loss = 0.0
-    forwards = 0
+    forwards = backwards = 0
 
     def forward(received: torch.Tensor | None) -> torch.Tensor:
         nonlocal total_loss, forwards
@@ -121,11 +124,15 @@ def run_1f1b(
         return output
 
     def backward(grad_output: torch.Tensor | None) -> torch.Tensor | None:
+        nonlocal backwards
         stage_input, output = in_flight.popleft()
         if last:
             output.backward()  # type: ignore[no-untyped-call]
         else:
             torch.autograd.backward(output, grad_output)
+        if after_backward is not None:
+            after_backward(backwards)
+        backwards += 1
         return stage_input.grad if stage_input is not None else None
 
     warmup = min(layout.num_stages - layout.stage - 1, num_micro_batches)

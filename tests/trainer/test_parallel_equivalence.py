@@ -36,7 +36,7 @@ def _losses(
     dp: int,
     mbs: int,
     tmp: Path,
-    zero_stage: Literal[0, 1] = 1,
+    zero_stage: Literal[0, 1, 2] = 1,
 ) -> list[float]:
     plan = make_plan(spec, splits, data_parallel=dp, micro_batch_size=mbs, global_batch_size=8)
     config = TrainerConfig(
@@ -70,8 +70,11 @@ def single_process(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[f
     ("spec", "splits", "dp", "mbs", "zero_stage"),
     [
         # two stages with a non-uniform split (embedding + 1 block | 3 blocks + head), 2 replicas
-        # with the optimizer state partitioned between them (ZeRO-1)
+        # with the optimizer state partitioned between them (DeepSpeed ZeRO-1)
         pytest.param(TINY, [(0, 2, 1), (2, 6, 1)], 2, 2, 1, id="opt-pp2-dp2-zero1"),
+        # the same with the gradients partitioned too (ZeRO-2: reduced after every
+        # micro-batch's backward, accumulated in each replica's share)
+        pytest.param(TINY, [(0, 2, 1), (2, 6, 1)], 2, 2, 2, id="opt-pp2-dp2-zero2"),
         # three stages with fewer micro-batches (2) than stages: stage 0 only warms up and
         # cools down, with no steady 1F1B phase
         pytest.param(TINY, [(0, 1, 1), (1, 4, 1), (4, 6, 1)], 1, 4, 1, id="opt-pp3-m2"),
@@ -79,11 +82,15 @@ def single_process(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[f
         pytest.param(TINY, [(0, 6, 1)], 2, 1, 0, id="opt-dp2-zero0"),
         # TP 2 on the second stage only: the boundary crosses from a TP group of 1 to one of 2
         pytest.param(TINY, [(0, 3, 1), (3, 6, 2)], 1, 2, 1, id="opt-pp2-tp1-tp2"),
-        # LLaMA shape (RMSNorm, SwiGLU, rotary, GQA 4:2) with TP 2 then TP 1
-        pytest.param(TINY_LLAMA, [(0, 2, 2), (2, 4, 1)], 1, 4, 1, id="llama-pp2-tp2-tp1"),
+        # LLaMA shape (RMSNorm, SwiGLU, rotary, GQA 4:2) with TP 2 then TP 1, 2 replicas: a
+        # ZeRO-1 DP group per stage and per TP rank
+        pytest.param(TINY_LLAMA, [(0, 2, 2), (2, 4, 1)], 2, 2, 1, id="llama-pp2-tp2-tp1-dp2"),
         # tied embeddings across stages (the last stage keeps a synchronised copy) with TP 2
         # on the last stage over a vocabulary of 63 that splits 32 + 31
         pytest.param(TINY_TIED, [(0, 2, 1), (2, 5, 2)], 1, 2, 1, id="tied-pp2-tp1-tp2"),
+        # tied embeddings under ZeRO-2: the two ends' gradients are summed after they were
+        # averaged over the replicas and partitioned
+        pytest.param(TINY_TIED, [(0, 2, 1), (2, 5, 1)], 2, 2, 2, id="tied-pp2-dp2-zero2"),
     ],
 )
 def test_parallel_plan_matches_single_process(
@@ -93,7 +100,7 @@ def test_parallel_plan_matches_single_process(
     splits: list[tuple[int, int, int]],
     dp: int,
     mbs: int,
-    zero_stage: Literal[0, 1],
+    zero_stage: Literal[0, 1, 2],
     tmp_path: Path,
 ) -> None:
     reference = single_process[spec.name]
