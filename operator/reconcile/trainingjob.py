@@ -471,6 +471,15 @@ def _plan(
         return _finish(observed, _concluded(status, Facts(generation), now))
 
     result = planner(plan_request(job, model, snapshot), observed.measured)
+    # What the plan is judged against from now on (the replan machine's triggers).
+    judged_cluster, judged_measured = snapshot, observed.measured
+    if isinstance(result, Searching) and result.interim is not None:
+        # A plan for the same spec made from other inputs still fits: start on it now (a
+        # cluster that keeps moving may never let the exact search finish first), judged
+        # against what it was made from, so new capacity or measurements replan.
+        interim = result.interim
+        result = interim.planned
+        judged_cluster, judged_measured = interim.cluster, interim.measured
     if isinstance(result, Searching):
         # The Planning condition says what is searched; nothing else changes meanwhile.
         return _finish(observed, _concluded(status, Facts(generation), now))
@@ -523,7 +532,7 @@ def _plan(
             "unschedulable_inputs": None,
             "workers": WorkerCounts(desired=len(children.pods), pending=len(children.pods)),
             "replan": machine.initial_state(
-                job, plan_generation, 0, plan, cluster=snapshot, measured=observed.measured
+                job, plan_generation, 0, plan, cluster=judged_cluster, measured=judged_measured
             ),
         }
     )

@@ -30,7 +30,7 @@ from sailplan.operator.replan.defaults import (
     MAX_BACKOFF_SECONDS,
 )
 from sailplan.operator.replan.triggers import Trigger, WorkerPod, plan_shortfall
-from sailplan.operator.search import Planner, SearchFailed, Searching
+from sailplan.operator.search import Interim, Planner, SearchFailed, Searching
 from sailplan.planner.api import Infeasible, Objective, PlanRequest
 from sailplan.planner.catalog import Catalog
 from sailplan.planner.cluster import ClusterSnapshot
@@ -141,6 +141,9 @@ class Switch:
     plan: Plan
     reason: str
     evaluation: Evaluation | None = None
+    # Set when `plan` is the planning service's interim plan: made from other inputs than
+    # this pass's, which the new state records as judged so their triggers still fire.
+    interim: Interim | None = None
 
 
 @dataclass(frozen=True)
@@ -251,6 +254,13 @@ def decide(
         return Wait("NoCapacity", "no free ready GPU nodes in the selected GPUPools")
     result = context.planner(plan_request(job, inputs.model, inputs.cluster), inputs.measured)
     if isinstance(result, Searching):
+        interim = result.interim
+        if interim is not None and (trigger.involuntary or current is None):
+            # Capacity is lost (or nothing runs): the best known plan that fits now beats
+            # waiting for a search a moving cluster may keep re-running.
+            return Switch(interim.planned.best, trigger.message, interim=interim)
+        # A voluntary change is judged on the answer to exactly what was asked: Searching
+        # leaves the trigger unjudged, and the pass after the search ends asks again.
         return result
     if isinstance(result, Infeasible | SearchFailed):
         code, reason = (

@@ -34,6 +34,7 @@ from sailplan.operator.replan.decision import (
     Keep,
     ReplanContext,
     ReplanInputs,
+    Switch,
     Wait,
     decide,
 )
@@ -312,6 +313,13 @@ def _replan(
 ) -> tuple[ReplanState, list[Action]]:
     judged = _evaluated(state, inputs)
     decision = decide(inputs, context, trigger, state.last_drain_seconds)
+    if isinstance(decision, Switch) and decision.interim is not None:
+        # The interim plan was made from other inputs: judged against those, so new
+        # capacity or measurements since still trigger a replan.
+        made_from = dataclasses.replace(
+            inputs, cluster=decision.interim.cluster, measured=decision.interim.measured
+        )
+        judged = _evaluated(state, made_from)
     if isinstance(decision, Searching):
         # Nothing is judged yet: the same trigger asks again on the next pass, which the
         # planning service runs when the search has ended.

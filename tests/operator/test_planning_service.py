@@ -1,5 +1,6 @@
 """The planning service with real worker processes: answers, callbacks, cancellation,
-deadlines and crashes (sailplan.operator.planning)."""
+deadlines and crashes, which requests supersede a running search and which only follow it,
+the interim plan served meanwhile (sailplan.operator.planning), and plan_fits."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from collections.abc import Iterator
 import pytest
 from waiting import wait_for
 
-from sailplan.operator.planning import PlanningService
-from sailplan.operator.search import PlannerAnswer, SearchFailed, Searching
-from sailplan.planner.api import Objective, Planned, PlanRequest
+from sailplan.operator.planning import PlanningService, content_key, spec_key
+from sailplan.operator.search import PlannerAnswer, SearchFailed, Searching, plan_fits
+from sailplan.planner.api import Infeasible, Objective, Planned, PlanRequest
 from sailplan.planner.catalog import Catalog
 from sailplan.planner.cluster import ClusterSnapshot, Pool
+from sailplan.planner.plan import Plan
 from sailplan.planner.profiles.types import ProfileSet
 
 JOB = ("ns", "job", "uid-1")
@@ -136,15 +138,127 @@ def test_cancel_kills_the_search_process(
     assert not notified.event.wait(1), "a cancelled search must not call back"
 
 
-def test_a_new_request_for_the_job_replaces_its_search(
+def test_a_spec_change_replaces_the_running_search(
     service: PlanningService, notified: Notified, catalog: Catalog
 ) -> None:
     service.plan(JOB, large_request(catalog, deadline=300), ProfileSet())
     old = running_pid(service)
-    smaller = small_request(catalog)
+    smaller = small_request(catalog)  # another model: the user edited the spec
     assert isinstance(service.plan(JOB, smaller, ProfileSet()), Searching)
     wait_for("the old search process is gone", lambda: not alive(old), 10)
     assert isinstance(answer_after_notify(service, notified, smaller, 60), Planned)
+
+
+def test_an_objective_edit_kills_the_search_and_drops_its_follow_up(
+    service: PlanningService, notified: Notified, catalog: Catalog
+) -> None:
+    request = large_request(catalog, deadline=300)
+    service.plan(JOB, request, ProfileSet())
+    old = running_pid(service)
+    service.plan(JOB, with_pools(request, grown(EXAMPLE_POOLS)), ProfileSet())  # a follow-up
+    edited = large_request(catalog, deadline=3).model_copy(
+        update={"objective": Objective(kind="cost")}
+    )
+    assert spec_key(edited) != spec_key(request)
+    assert isinstance(service.plan(JOB, edited, ProfileSet()), Searching)
+    wait_for("the old search process is gone", lambda: not alive(old), 10)
+    answer = answer_after_notify(service, notified, edited, 60)
+    assert not isinstance(answer, Searching | SearchFailed)
+    # The follow-up queued for the old spec did not start after the edited search ended.
+    assert service.running_pids() == {}
+    assert notified.jobs == [("ns", "job")]
+
+
+def with_pools(request: PlanRequest, pools: tuple[Pool, ...]) -> PlanRequest:
+    """The same request on other capacity: same spec key, another content."""
+    return request.model_copy(update={"cluster": ClusterSnapshot(pools=pools)})
+
+
+def grown(pools: tuple[Pool, ...]) -> tuple[Pool, ...]:
+    """One more free node in every pool: any plan for `pools` fits it."""
+    return tuple(p.model_copy(update={"nodes": p.nodes + 1}) for p in pools)
+
+
+def test_a_capacity_change_queues_a_follow_up_instead_of_killing_the_search(
+    service: PlanningService, notified: Notified, catalog: Catalog
+) -> None:
+    first = large_request(catalog, deadline=4)  # ends at its deadline with a plan
+    service.plan(JOB, first, ProfileSet())
+    pid = running_pid(service)
+    older, newer = with_pools(first, grown(EXAMPLE_POOLS)), with_pools(first, EXAMPLE_POOLS[1:])
+    assert spec_key(older) == spec_key(first) != content_key(older, ProfileSet())
+    waiting = service.plan(JOB, older, ProfileSet())
+    assert isinstance(waiting, Searching) and waiting.queued
+    # A newer capacity change replaces the older follow-up; the running search stays.
+    assert isinstance(service.plan(JOB, newer, ProfileSet()), Searching)
+    assert service.running_pids() == {JOB: pid} and alive(pid)
+    wait_for("the first search and its follow-up ended", lambda: len(notified.jobs) == 2, 60)
+    # Both answers are cached: the first search ran to its end (a terminated one is
+    # not), and the follow-up ran after it in a process of its own.
+    assert isinstance(service.plan(JOB, first, ProfileSet()), Planned)
+    assert isinstance(service.plan(JOB, newer, ProfileSet()), Planned)
+    assert service.running_pids() == {}
+    # The replaced follow-up never ran: asking for it starts a search now.
+    assert isinstance(service.plan(JOB, older, ProfileSet()), Searching)
+
+
+def test_a_finished_plan_that_still_fits_is_served_while_the_new_content_is_searched(
+    service: PlanningService, notified: Notified, catalog: Catalog
+) -> None:
+    first = small_request(catalog)
+    service.plan(JOB, first, ProfileSet())
+    planned = answer_after_notify(service, notified, first, 60)
+    assert isinstance(planned, Planned)
+    notified.event.clear()
+    more = with_pools(first, grown(first.cluster.pools))
+    meanwhile = service.plan(JOB, more, ProfileSet())
+    assert isinstance(meanwhile, Searching) and meanwhile.interim is not None
+    assert meanwhile.interim.planned == planned
+    # What the served plan was made from, for the replan machine to judge it against.
+    assert meanwhile.interim.cluster == first.cluster
+    assert meanwhile.interim.measured == ProfileSet()
+    # The search for exactly what was asked still runs, and its answer replaces the interim.
+    exact = answer_after_notify(service, notified, more, 60)
+    assert isinstance(exact, Planned)
+
+
+def test_a_finished_plan_that_no_longer_fits_is_not_served(
+    service: PlanningService, notified: Notified, catalog: Catalog
+) -> None:
+    first = small_request(catalog)
+    service.plan(JOB, first, ProfileSet())
+    planned = answer_after_notify(service, notified, first, 60)
+    assert isinstance(planned, Planned)
+    # The same GPUs, but in another zone: none of the plan's pools is left.
+    (pool,) = first.cluster.pools
+    moved = pool.model_copy(update={"name": "a100-ondemand/us-central1-b", "zone": "us-central1-b"})
+    elsewhere = with_pools(first, (moved,))
+    answer = service.plan(JOB, elsewhere, ProfileSet())
+    assert isinstance(answer, Searching) and answer.interim is None
+
+
+def test_an_infeasible_answer_is_not_served_for_another_content(
+    service: PlanningService, notified: Notified, catalog: Catalog
+) -> None:
+    impossible = small_request(catalog).model_copy(
+        update={"objective": Objective(min_samples_per_second=1e12)}
+    )
+    service.plan(JOB, impossible, ProfileSet())
+    assert isinstance(answer_after_notify(service, notified, impossible, 60), Infeasible)
+    more = with_pools(impossible, grown(impossible.cluster.pools))
+    answer = service.plan(JOB, more, ProfileSet())
+    assert isinstance(answer, Searching) and answer.interim is None
+
+
+def test_a_plan_for_another_spec_is_not_served(
+    service: PlanningService, notified: Notified, catalog: Catalog
+) -> None:
+    first = small_request(catalog)
+    service.plan(JOB, first, ProfileSet())
+    assert isinstance(answer_after_notify(service, notified, first, 60), Planned)
+    other = small_request(catalog, batch=16)  # fits the same GPUs, but the user asked anew
+    answer = service.plan(JOB, other, ProfileSet())
+    assert isinstance(answer, Searching) and answer.interim is None
 
 
 def test_deadline_returns_the_best_plan_so_far(
@@ -162,7 +276,7 @@ def test_deadline_returns_the_best_plan_so_far(
 def test_a_search_past_deadline_and_grace_is_killed(catalog: Catalog, notified: Notified) -> None:
     # Profile completion runs before the planner looks at its deadline: with a tiny
     # deadline and no grace the process is still busy when its hard limit comes.
-    service = PlanningService(catalog, notified, grace_seconds=0.5)
+    service = PlanningService(catalog, notified, grace_seconds=0.05)
     try:
         request = large_request(catalog, deadline=0.01)
         service.plan(JOB, request, ProfileSet())
@@ -214,3 +328,49 @@ def test_shutdown_stops_every_search(service: PlanningService, catalog: Catalog)
     after = service.plan(JOB, small_request(catalog), ProfileSet())
     assert isinstance(after, Searching) and after.queued
     assert service.running_pids() == {}
+
+
+# -- plan_fits: may a plan made from another snapshot be served on this one? ------------------
+def fitting_pools() -> list[Pool]:
+    """Exactly what operator_builders.make_plan uses: one TP-2 group in each A100 zone, two
+    TP-1 groups on V100s in us-west1-b."""
+    return [
+        Pool(name="a100/us-central1-a", gpu_type="A100-40", zone="us-central1-a",
+             gpus_per_node=2, nodes=1),
+        Pool(name="a100/us-central1-b", gpu_type="A100-40", zone="us-central1-b",
+             gpus_per_node=2, nodes=1),
+        Pool(name="v100/us-west1-b", gpu_type="V100-16", zone="us-west1-b",
+             gpus_per_node=2, nodes=1),
+    ]  # fmt: skip
+
+
+def test_a_plan_fits_exactly_its_gpus_and_any_more(plan: Plan) -> None:
+    pools = fitting_pools()
+    assert plan_fits(plan, ClusterSnapshot(pools=tuple(pools)))
+    spare = Pool(name="spare/us-east1-b", gpu_type="H100-80", zone="us-east1-b", nodes=4)
+    assert plan_fits(plan, ClusterSnapshot(pools=(*grown(tuple(pools)), spare)))
+
+
+def test_a_plan_does_not_fit_fewer_gpus_than_it_uses_in_a_pool(plan: Plan) -> None:
+    pools = fitting_pools()
+    pools[2] = pools[2].model_copy(update={"gpus_per_node": 1})  # 1 V100 free, 2 used
+    assert not plan_fits(plan, ClusterSnapshot(pools=tuple(pools)))
+
+
+def test_a_plan_does_not_fit_when_a_pool_it_uses_is_gone(plan: Plan) -> None:
+    pools = fitting_pools()
+    del pools[1]
+    assert not plan_fits(plan, ClusterSnapshot(pools=tuple(pools)))
+
+
+def test_a_plan_does_not_fit_a_pool_of_that_name_in_another_zone(plan: Plan) -> None:
+    pools = fitting_pools()
+    pools[0] = pools[0].model_copy(update={"zone": "us-central1-c"})
+    assert not plan_fits(plan, ClusterSnapshot(pools=tuple(pools)))
+
+
+def test_a_plan_does_not_fit_enough_gpus_split_over_too_small_nodes(plan: Plan) -> None:
+    # Two free A100s in us-central1-a, but one per node: a TP-2 group cannot span nodes.
+    pools = fitting_pools()
+    pools[0] = pools[0].model_copy(update={"gpus_per_node": 1, "nodes": 2})
+    assert not plan_fits(plan, ClusterSnapshot(pools=tuple(pools)))

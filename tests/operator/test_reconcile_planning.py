@@ -8,16 +8,18 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from operator_builders import JOB_SPEC, RecordingPlanner
+from operator_builders import JOB_SPEC, RecordingPlanner, pool
 from test_reconcile_trainingjob import observe, with_status
 
 from sailplan.operator.api.common import Condition, find_condition
 from sailplan.operator.api.gpupool import GPUPool
 from sailplan.operator.api.trainingjob import TrainingJob, TrainingJobStatus
 from sailplan.operator.reconcile.trainingjob import Observed, reconcile
-from sailplan.operator.search import PlannerAnswer, SearchFailed, Searching, describe
+from sailplan.operator.replan.triggers import profiles_fingerprint
+from sailplan.operator.search import Interim, PlannerAnswer, SearchFailed, Searching, describe
 from sailplan.planner.api import Planned, PlanRequest
 from sailplan.planner.catalog import Catalog
+from sailplan.planner.cluster import ClusterSnapshot, Pool
 from sailplan.planner.plan import Plan
 from sailplan.planner.profiles.types import ProfileSet
 
@@ -176,3 +178,84 @@ def test_a_search_no_longer_asked_for_is_reported_as_dropped(
     )
     condition = planning(calm.status)
     assert (condition.status, condition.reason) == ("False", "SearchNotNeeded")
+
+
+# -- an interim plan: made from other inputs, served while the exact search runs ------------
+# What the interim plan was made from: a snapshot of before (one A100 node in each zone).
+MADE_FROM = ClusterSnapshot(
+    pools=(
+        Pool(name="a100/us-central1-a", gpu_type="A100-40", zone="us-central1-a",
+             gpus_per_node=4, nodes=1),
+        Pool(name="a100/us-central1-b", gpu_type="A100-40", zone="us-central1-b",
+             gpus_per_node=4, nodes=1),
+        Pool(name="v100/us-west1-b", gpu_type="V100-16", zone="us-west1-b",
+             gpus_per_node=4, nodes=1),
+    )
+)  # fmt: skip
+
+
+@dataclass
+class InterimPlanner:
+    """A search under way that carries a finished plan of the same spec that fits now."""
+
+    plan: Plan
+    requests: list[PlanRequest] = field(default_factory=list)
+
+    def __call__(self, request: PlanRequest, measured: ProfileSet) -> PlannerAnswer:
+        self.requests.append(request)
+        interim = Interim(Planned(best=self.plan), MADE_FROM, ProfileSet())
+        return Searching(NOW, 90, describe(request), interim=interim)
+
+
+def test_a_new_job_starts_on_the_interim_plan_judged_against_what_it_was_made_from(
+    job: TrainingJob, pools: tuple[GPUPool, ...], catalog: Catalog, plan: Plan
+) -> None:
+    outcome = reconcile(Observed(job=job, pools=pools), InterimPlanner(plan), catalog, NOW)
+    assert [o["kind"] for o in outcome.create].count("Pod") == len(plan.workers())
+    assert outcome.status.plan is not None and outcome.status.plan.generation == 1
+    # The exact search still runs, and says so; the replan machine compares the cluster
+    # with the snapshot the plan was made from, so the capacity added since is a trigger.
+    assert planning(outcome.status).reason == "Searching"
+    state = outcome.status.replan
+    assert state is not None
+    assert state.evaluated_cluster == MADE_FROM
+    assert state.evaluated_cluster_hash == MADE_FROM.content_hash()
+    assert state.evaluated_profiles == profiles_fingerprint(ProfileSet())
+
+
+def test_new_capacity_waits_for_the_exact_answer_not_the_interim_plan(
+    job: TrainingJob, pools: tuple[GPUPool, ...], catalog: Catalog, plan: Plan
+) -> None:
+    first = reconcile(
+        Observed(job=job, pools=pools), RecordingPlanner(Planned(best=plan)), catalog, NOW
+    )
+    job, created = with_status(job, first), list(first.create)
+    running = dict.fromkeys(range(4), "Running")
+    more = (pool("a100", "a100-ondemand", {"us-central1-a": 4, "us-central1-b": 2}), pools[1])
+    interim = InterimPlanner(plan)
+    outcome = reconcile(observe(job, more, created, running), interim, catalog, NOW)
+    assert len(interim.requests) == 1  # the new capacity asked for a plan
+    # A voluntary change is not judged on a plan made from other inputs: no decision yet,
+    # so the trigger asks again when the exact search ends.
+    assert outcome.status.replan == job.status.replan
+    assert outcome.create == () and outcome.delete_pods == ()
+
+
+def test_lost_capacity_switches_to_the_interim_plan_at_once(
+    job: TrainingJob, pools: tuple[GPUPool, ...], catalog: Catalog, plan: Plan
+) -> None:
+    first = reconcile(
+        Observed(job=job, pools=pools), RecordingPlanner(Planned(best=plan)), catalog, NOW
+    )
+    job, created = with_status(job, first), list(first.create)
+    running = dict.fromkeys(range(4), "Running")
+    outcome = reconcile(
+        observe(job, pools, created, running | {2: "Failed"}, frozenset({2})),
+        InterimPlanner(plan),
+        catalog,
+        NOW,
+    )
+    assert outcome.status.phase == "Replanning"
+    state = outcome.status.replan
+    assert state is not None and state.target_generation == 2
+    assert state.evaluated_cluster == MADE_FROM
