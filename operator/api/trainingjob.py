@@ -9,10 +9,11 @@ summary and generation, progress mirrored from rank 0, and the history of plans.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Annotated, Final, Literal
 
-from pydantic import ConfigDict, Field, JsonValue, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, JsonValue, model_validator
 from pydantic.alias_generators import to_camel
 
 from sailplan.operator.api.common import (
@@ -47,11 +48,18 @@ PHASE_FAILED: Final = "Failed"
 PHASE_UNSCHEDULABLE: Final = "Unschedulable"
 PHASE_INVALID: Final = "Invalid"
 
+# Positive-polarity types (True is good: Valid, Schedulable) are what tools should read; the
+# negative Invalid and Unschedulable stay for the clients written against them, always the
+# opposite status with the same reason. Complete is batch/v1 Job's name for success, so
+# `kubectl wait --for=condition=Complete` works; Succeeded is kept beside it.
+COND_VALID: Final = "Valid"
 COND_INVALID: Final = "Invalid"
 COND_PLANNED: Final = "Planned"
+COND_SCHEDULABLE: Final = "Schedulable"
 COND_UNSCHEDULABLE: Final = "Unschedulable"
 COND_RUNNING: Final = "Running"
 COND_REPLANNING: Final = "Replanning"
+COND_COMPLETE: Final = "Complete"
 COND_SUCCEEDED: Final = "Succeeded"
 COND_FAILED: Final = "Failed"
 COND_PROFILES_MEASURED: Final = "ProfilesMeasured"
@@ -366,6 +374,25 @@ class TrainingJobSpec(KubeModel):
 
 
 # -- status -----------------------------------------------------------------------------------
+DISPLAY_DIGITS: Final = 3
+
+
+def _significant(value: float | None) -> float | None:
+    # Predictions and measured rates are estimates: more digits are noise, and printer
+    # columns show the stored value verbatim (42.15181355961952, 14.679999999999998).
+    if value is None or value == 0 or not math.isfinite(value):
+        return value
+    return round(value, DISPLAY_DIGITS - 1 - math.floor(math.log10(abs(value))))
+
+
+# A status number shown in a printer column: rounded to 3 significant digits when written.
+DisplayNumber = Annotated[
+    float | None,
+    AfterValidator(_significant),
+    Field(description=f"rounded to {DISPLAY_DIGITS} significant digits"),
+]
+
+
 class PlanSummary(StatusModel):
     generation: int = Field(ge=1)
     config_map: str
@@ -376,9 +403,9 @@ class PlanSummary(StatusModel):
     gpus: int = 0
     gpus_by_pool: dict[str, int] = Field(default_factory=dict)
     micro_batch_size: int = 0
-    predicted_samples_per_second: float | None = None
-    predicted_usd_per_hour: float | None = None
-    predicted_iteration_seconds: float | None = None
+    predicted_samples_per_second: DisplayNumber = None
+    predicted_usd_per_hour: DisplayNumber = None
+    predicted_iteration_seconds: DisplayNumber = None
     cluster_hash: str = ""
     estimated_profiles: tuple[str, ...] = ()
 
@@ -388,13 +415,13 @@ class PlanHistoryEntry(StatusModel):
     time: datetime
     reason: str
     summary: str
-    predicted_samples_per_second: float | None = None
+    predicted_samples_per_second: DisplayNumber = None
 
 
 class Progress(StatusModel):
     step: int = 0
     loss: float | None = None
-    samples_per_second: float | None = None
+    samples_per_second: DisplayNumber = None
     last_checkpoint_step: int | None = None
 
 
@@ -413,7 +440,15 @@ class TrainingJobStatus(StatusModel):
     observed_generation: int | None = None
     phase: Phase = PHASE_PENDING
     model: str | None = Field(default=None, description="resolved model name")
-    conditions: Conditions = ()
+    conditions: Conditions = Field(
+        default=(),
+        description="Valid, Planned, Planning, Schedulable, ProfilesMeasured, Profiling, "
+        "Running, Replanning, Complete, Failed, each with a reason. Complete=True when every "
+        "worker finished (`kubectl wait --for=condition=Complete`). Invalid, Unschedulable "
+        "and Succeeded are kept for older clients: Invalid and Unschedulable are always the "
+        "opposite of Valid and Schedulable, with the same reason and message; Succeeded "
+        "equals Complete.",
+    )
     plan: PlanSummary | None = None
     history: tuple[PlanHistoryEntry, ...] = Field(default=(), max_length=MAX_HISTORY)
     progress: Progress | None = None

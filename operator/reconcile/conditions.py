@@ -5,6 +5,9 @@ can be made, the job waits for profiles, the plan it runs, the replan machine's 
 workers) and `conditions(facts)` turns them into conditions through `CONDITIONS`: one rule
 per condition type, each returning the condition or None to leave it as it is. What each
 condition means is read in one place, and a pass never sets the same type twice.
+Valid and Schedulable are the positive-polarity twins of Invalid and Unschedulable (one
+rule, status flipped), and Complete (batch/v1 Job's name) is set with Succeeded, so
+`kubectl wait --for=condition=Complete` and tools that expect True-is-good both work.
 
 Two conditions come from elsewhere and are set after the table: Profiling
 (profiling.step, which runs beside planning) and Planning (`planning_condition`, from the
@@ -163,13 +166,26 @@ def _failed(f: Facts) -> Verdict | None:
     return None
 
 
+def _opposite(rule: Rule) -> Rule:
+    """The positive-polarity twin of a negative condition: same reason, status flipped."""
+
+    def opposite(f: Facts) -> Verdict | None:
+        verdict = rule(f)
+        return None if verdict is None else (not verdict[0], verdict[1], verdict[2])
+
+    return opposite
+
+
 CONDITIONS: tuple[tuple[str, Rule], ...] = (
+    (api.COND_VALID, _opposite(_invalid)),
     (api.COND_INVALID, _invalid),
     (api.COND_PLANNED, _planned),
+    (api.COND_SCHEDULABLE, _opposite(_unschedulable)),
     (api.COND_UNSCHEDULABLE, _unschedulable),
     (api.COND_PROFILES_MEASURED, _profiles_measured),
     (api.COND_REPLANNING, _replanning),
     (api.COND_RUNNING, _running),
+    (api.COND_COMPLETE, _succeeded),
     (api.COND_SUCCEEDED, _succeeded),
     (api.COND_FAILED, _failed),
 )

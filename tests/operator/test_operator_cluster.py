@@ -9,6 +9,7 @@ node pools, global batch 16) so the real planner answers in seconds.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -479,6 +480,49 @@ def _kubectl(kubeconfig: str, *args: str) -> subprocess.CompletedProcess[str]:
         timeout=120,
         check=False,
     )
+
+
+def test_a_finished_job_is_complete_for_kubectl_wait_and_prints_rounded_numbers(
+    kubeconfig: str,
+    k8s_api: Any,
+    namespace: str,
+    operator: OperatorProcess,
+    gpupools: Callable[..., str],
+) -> None:
+    pool = gpupools("a100-ondemand")
+    client.CustomObjectsApi(k8s_api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "trainingjobs", job_body(namespace, "done", [pool])
+    )
+    wait_phase(k8s_api, namespace, "done", {"Running"})
+    waiting = _kubectl(
+        kubeconfig, "wait", "-n", namespace, "--for=condition=Complete", "tj/done", "--timeout=1s"
+    )
+    assert waiting.returncode != 0, waiting.stdout  # not before the workers finish
+    core = client.CoreV1Api(k8s_api)
+    for pod in pods_of(k8s_api, namespace, "done"):
+        # What the kubelet writes when the trainer exits 0 (kwok leaves such a pod Running).
+        core.patch_namespaced_pod_status(
+            pod.metadata.name, namespace, {"status": {"phase": "Succeeded"}}
+        )
+    done = _kubectl(
+        kubeconfig, "wait", "-n", namespace, "--for=condition=Complete", "tj/done", "--timeout=90s"
+    )
+    assert done.returncode == 0, done.stderr
+    assert get_job(k8s_api, namespace, "done")["status"]["phase"] == "Succeeded"
+    wide = _kubectl(kubeconfig, "get", "-n", namespace, "tj", "done", "-o", "wide")
+    assert wide.returncode == 0, wide.stderr
+    header, row = wide.stdout.splitlines()
+    # Columns are aligned under their headers; an unset value prints as blank.
+    starts = [m.start() for m in re.finditer(r"\S+", header)]
+    columns = {
+        header[a:b].strip(): row[a:b].strip()
+        for a, b in zip(starts, [*starts[1:], None], strict=True)
+    }
+    assert columns["PHASE"] == "Succeeded"
+    for name in ("PREDICTED", "USD/H"):
+        # At most 3 significant digits, as the operator wrote it.
+        digits = columns[name].replace(".", "").strip("0")
+        assert columns[name] and len(digits) <= 3, columns
 
 
 def test_kustomize_base_and_examples_apply_with_kubectl(

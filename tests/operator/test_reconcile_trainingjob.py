@@ -12,7 +12,7 @@ from operator_builders import JOB_SPEC, RecordingPlanner
 
 from sailplan.operator.api.common import find_condition
 from sailplan.operator.api.gpupool import GPUPool
-from sailplan.operator.api.trainingjob import TrainingJob, TrainingJobStatus
+from sailplan.operator.api.trainingjob import PlanSummary, TrainingJob, TrainingJobStatus
 from sailplan.operator.reconcile.snapshot import build_snapshot
 from sailplan.operator.reconcile.trainingjob import (
     Observed,
@@ -136,6 +136,10 @@ def test_all_workers_running_makes_the_job_running(
     assert running.status.phase == "Running"
     assert _reason(running.status, "Running") == ("True", "AllWorkersRunning")
     assert [e.reason for e in running.events] == ["Running"]
+    # Positive polarity for tools that read True as good; no Complete before the end.
+    assert _reason(running.status, "Valid") == ("True", "Valid")
+    assert _reason(running.status, "Schedulable") == ("True", "Schedulable")
+    assert _reason(running.status, "Complete") is None
 
 
 def test_operator_crash_after_the_plan_configmap_adopts_it(
@@ -164,6 +168,10 @@ def test_infeasible_plan_is_unschedulable_with_the_reason(
     assert condition is not None
     assert (condition.status, condition.reason) == ("True", "OutOfMemory")
     assert "41 GB" in condition.message
+    schedulable = find_condition(outcome.status.conditions, "Schedulable")
+    assert schedulable is not None
+    assert (schedulable.status, schedulable.reason) == ("False", "OutOfMemory")
+    assert schedulable.message == condition.message
     assert [(e.type, e.reason) for e in outcome.events] == [("Warning", "OutOfMemory")]
 
 
@@ -173,6 +181,7 @@ def test_no_free_gpus_is_unschedulable_without_planning(job: TrainingJob, catalo
     busy = (pool("a100", "a100-ondemand", {"us-central1-a": 0}),)
     outcome = reconcile(Observed(job=job, pools=busy), refuse, catalog, NOW)
     assert _reason(outcome.status, "Unschedulable") == ("True", "NoCapacity")
+    assert _reason(outcome.status, "Schedulable") == ("False", "NoCapacity")
 
 
 def test_unknown_model_is_invalid_and_names_the_known_ones(
@@ -184,6 +193,9 @@ def test_unknown_model_is_invalid_and_names_the_known_ones(
     condition = find_condition(outcome.status.conditions, "Invalid")
     assert condition is not None and condition.reason == "UnknownModel"
     assert "GPT-5" in condition.message and "OPT-350M" in condition.message
+    valid = find_condition(outcome.status.conditions, "Valid")
+    assert valid is not None and (valid.status, valid.reason) == ("False", "UnknownModel")
+    assert valid.message == condition.message
 
 
 def test_unknown_pool_name_is_invalid(
@@ -300,6 +312,7 @@ def test_restarts_exhausted_fails_the_job(
     outcome = reconcile(observe(job, pools, created, phases), refuse, catalog, NOW)
     assert outcome.status.phase == "Failed"
     assert _reason(outcome.status, "Failed") == ("True", "RestartsExhausted")
+    assert _reason(outcome.status, "Complete") is None
     assert outcome.create == ()
     # Pods still holding GPUs are released; the failed one is kept for its logs.
     assert outcome.delete_pods == ("opt-g1-a0-w0", "opt-g1-a0-w2", "opt-g1-a0-w3")
@@ -319,6 +332,8 @@ def test_all_workers_succeeded_completes_the_job(
     )
     assert done.status.phase == "Succeeded"
     assert _reason(done.status, "Succeeded") == ("True", "Completed")
+    # batch/v1 Job's condition name, so `kubectl wait --for=condition=Complete` works.
+    assert _reason(done.status, "Complete") == ("True", "Completed")
 
 
 def test_progress_is_mirrored_from_rank_zero(
@@ -330,7 +345,7 @@ def test_progress_is_mirrored_from_rank_zero(
     worker0["metadata"] = worker0["metadata"] | {
         "annotations": {
             "sailplan.dev/progress": '{"step": 40, "loss": 2.5, '
-            '"samples_per_second": 31.0, "last_checkpoint_step": 25}'
+            '"samples_per_second": 31.04719, "last_checkpoint_step": 25}'
         }
     }
     outcome = reconcile(
@@ -338,7 +353,9 @@ def test_progress_is_mirrored_from_rank_zero(
     )
     progress = outcome.status.progress
     assert progress is not None
+    # samples/s is a printer column: written with 3 significant digits.
     assert (progress.step, progress.loss, progress.samples_per_second) == (40, 2.5, 31.0)
+    assert outcome.status.to_kube()["progress"]["samplesPerSecond"] == 31.0
     assert progress.last_checkpoint_step == 25
 
 
@@ -521,3 +538,28 @@ def test_no_capacity_left_waits_with_the_reason_and_resumes_when_it_returns(
         f"opt-g2-a0-w{i}" for i in range(4)
     ]
     assert resumed.status.history[-1].reason.startswith("CapacityReturned")
+
+
+@pytest.mark.parametrize(
+    ("written", "shown"),
+    [
+        (42.15181355961952, 42.2),
+        (14.679999999999998, 14.7),
+        (0.0012345, 0.00123),
+        (123456.7, 123000.0),
+        (0.0, 0.0),
+        (None, None),
+    ],
+)
+def test_printer_column_numbers_are_written_with_three_significant_digits(
+    written: float | None, shown: float | None
+) -> None:
+    summary = PlanSummary(
+        generation=1,
+        config_map="opt-plan-g1",
+        summary="s",
+        predicted_samples_per_second=written,
+        predicted_usd_per_hour=written,
+    )
+    assert summary.predicted_samples_per_second == shown
+    assert summary.to_kube().get("predictedUsdPerHour") == shown
