@@ -1,6 +1,9 @@
 """The cluster snapshot: which GPUs exist where, at what price.
 
-The planner never looks at Kubernetes. The operator builds a ClusterSnapshot from GPUPool
+A pool's `nodes` counts what the planner may place workers on: nodes ready now plus nodes
+an autoscaled pool can still add (`obtainable_nodes`, which arrive after
+`provisioning_seconds`); the planner counts both alike and the operator's replan decision
+prices the wait. The planner never looks at Kubernetes. The operator builds a ClusterSnapshot from GPUPool
 status, the CLI builds one from `--pool` flags or a cluster YAML, and both hand it to the
 planner. Its content hash goes into every Plan so a plan can say what it was made from.
 """
@@ -32,7 +35,16 @@ class Pool(BaseModel):
     zone: str = Field(min_length=1)
     region: str = ""
     gpus_per_node: int = Field(default=1, ge=1)
-    nodes: int = Field(ge=0, description="nodes ready to take workers")
+    nodes: int = Field(
+        ge=0, description="nodes that can take workers: ready now, plus obtainable_nodes"
+    )
+    obtainable_nodes: int = Field(
+        default=0,
+        ge=0,
+        description="of `nodes`, those the pool must add first (an autoscaled pool below its "
+        "maximum); they take provisioning_seconds to arrive",
+    )
+    provisioning_seconds: float = Field(default=0.0, ge=0)
     spot: bool = False
     usd_per_gpu_hour: float | None = Field(
         default=None, ge=0, description="price override; None = catalog price for the region"
@@ -44,9 +56,20 @@ class Pool(BaseModel):
             object.__setattr__(self, "region", region_of(self.zone))
         return self
 
+    @model_validator(mode="after")
+    def _obtainable_within_nodes(self) -> Pool:
+        if self.obtainable_nodes > self.nodes:
+            raise ValueError("obtainable_nodes is part of nodes and cannot exceed it")
+        return self
+
     @property
     def gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def ready_nodes(self) -> int:
+        """Nodes that exist now (a plan needing more waits provisioning_seconds)."""
+        return self.nodes - self.obtainable_nodes
 
 
 class ClusterSnapshot(BaseModel):
