@@ -88,6 +88,15 @@ def _import_deepspeed(device: torch.device) -> tuple[Any, Any, Any]:
         # DeepSpeed's accelerator must be where the parameters are: on a GPU machine that
         # trains on the CPU (tests, gloo) its auto-detection would pick CUDA
         set_accelerator(CPU_Accelerator())
+        # On the CPU, DeepSpeed's communication backend would JIT-compile its shared-memory
+        # all-reduce (an inference kernel ZeRO never calls): minutes of g++ per machine, into
+        # $HOME/.cache, which a pod's read-only root filesystem refuses. Marking the op
+        # incompatible (DeepSpeed keeps edits to this table) makes the backend skip it.
+        import deepspeed.ops
+
+        shared_memory_op = CPU_Accelerator().create_op_builder("ShareMemCommBuilder")
+        if shared_memory_op is not None:
+            deepspeed.ops.__compatible_ops__[shared_memory_op.NAME] = False
     return deepspeed.comm, DeepSpeedZeroOptimizer, NoopTimer
 
 
