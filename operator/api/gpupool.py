@@ -10,7 +10,7 @@ TrainingJobs plan from the status.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, Literal
 
 from pydantic import ConfigDict, Field, JsonValue
 
@@ -59,6 +59,24 @@ class Pricing(KubeModel):
     spot_usd_per_gpu_hour: float | None = Field(default=None, ge=0)
 
 
+TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+
+class Taint(KubeModel):
+    """A taint the pool's nodes carry (core/v1 Taint): its pods get the matching toleration."""
+
+    key: str = Field(min_length=1, max_length=316)
+    value: str | None = Field(
+        default=None, max_length=63, description="unset = tolerate the key with any value"
+    )
+    effect: TaintEffect
+
+
+# GKE taints every GPU node with this; spot node pools may add cloud.google.com/gke-spot.
+GKE_GPU_TAINT: Final = Taint(key=GPU_RESOURCE, value="present", effect="NoSchedule")
+GKE_SPOT_TAINT: Final = Taint(key=SPOT_LABEL, value="true", effect="NoSchedule")
+
+
 class GPUPoolSpec(KubeModel):
     """Which nodes form the pool and what they are."""
 
@@ -80,6 +98,13 @@ class GPUPoolSpec(KubeModel):
     )
     spot: bool | None = Field(
         default=None, description="unset = read cloud.google.com/gke-spot from the nodes"
+    )
+    taints: tuple[Taint, ...] | None = Field(
+        default=None,
+        max_length=32,
+        description="the taints the pool's nodes carry; its worker and profiling pods tolerate "
+        "exactly these. Unset = GKE's: nvidia.com/gpu=present:NoSchedule, plus "
+        "cloud.google.com/gke-spot=true:NoSchedule on a spot pool; [] = untainted nodes",
     )
     pricing: Pricing | None = None
 
@@ -121,3 +146,9 @@ class GPUPool(KubeModel):
     labels: dict[str, str] = Field(default_factory=dict)
     spec: GPUPoolSpec
     status: GPUPoolStatus = GPUPoolStatus()
+
+    def node_taints(self) -> tuple[Taint, ...]:
+        """The taints its nodes carry: the spec's, or GKE's for a GPU (and spot) pool."""
+        if self.spec.taints is not None:
+            return self.spec.taints
+        return (GKE_GPU_TAINT, GKE_SPOT_TAINT) if self.status.spot else (GKE_GPU_TAINT,)

@@ -39,10 +39,10 @@ from sailplan.operator.profiling.needs import ComputeNeed, Need, NetworkNeed, Si
 from sailplan.operator.reconcile import naming
 from sailplan.operator.reconcile.children import (
     container_security_context,
-    gpu_tolerations,
     node_affinity,
     owner_reference,
     pod_security_context,
+    pool_tolerations,
 )
 
 ROLE_PROFILER: Final = "profiler"
@@ -123,7 +123,7 @@ def _pod_spec(
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "affinity": {"nodeAffinity": node_affinity(pool, site.zone)},
-        "tolerations": gpu_tolerations(site.spot),
+        "tolerations": pool_tolerations(pool),
         "securityContext": pod_security_context(),
         "initContainers": [
             {

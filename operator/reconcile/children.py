@@ -19,7 +19,6 @@ from sailplan.operator.api.common import API_VERSION
 from sailplan.operator.api.gpupool import (
     GPU_RESOURCE,
     NODEPOOL_LABEL,
-    SPOT_LABEL,
     ZONE_LABEL,
     GPUPool,
 )
@@ -171,15 +170,17 @@ def node_affinity(pool: GPUPool, zone: str) -> dict[str, Any]:
     }
 
 
-def gpu_tolerations(spot: bool) -> list[dict[str, Any]]:
-    """The taints of GKE GPU nodes (and of spot nodes) every GPU pod must tolerate."""
-    tolerations = [
-        {"key": GPU_RESOURCE, "operator": "Equal", "value": "present", "effect": "NoSchedule"}
-    ]
-    if spot:
-        tolerations.append(
-            {"key": SPOT_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
-        )
+def pool_tolerations(pool: GPUPool) -> list[dict[str, Any]]:
+    """Tolerations for exactly the taints of `pool`'s nodes (GPUPool.node_taints): a pod
+    placed on the pool schedules there and nowhere a taint it was not meant for."""
+    tolerations: list[dict[str, Any]] = []
+    for taint in pool.node_taints():
+        toleration: dict[str, Any] = {"key": taint.key, "effect": taint.effect}
+        if taint.value is None:
+            toleration["operator"] = "Exists"
+        else:
+            toleration |= {"operator": "Equal", "value": taint.value}
+        tolerations.append(toleration)
     return tolerations
 
 
@@ -315,7 +316,7 @@ def render_worker_pod(
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "enableServiceLinks": False,
         "affinity": {"nodeAffinity": node_affinity(pool, zone)},
-        "tolerations": gpu_tolerations(bool(pool.status.spot)),
+        "tolerations": pool_tolerations(pool),
         "securityContext": pod_security_context(),
         "containers": [
             {

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from sailplan.operator.api.gpupool import GPUPool
+from sailplan.operator.api.gpupool import GPUPool, Taint
 from sailplan.operator.api.trainingjob import TrainingJob
 from sailplan.operator.reconcile.children import RenderError, desired_children
 from sailplan.planner.plan import Plan
@@ -174,3 +174,58 @@ def test_a_vanished_pool_is_a_clear_error(
 ) -> None:
     with pytest.raises(RenderError, match="GPUPool 'v100'"):
         desired_children(job, plan, 1, 0, {"a100": pools[0]})
+
+
+def test_pods_tolerate_exactly_the_taints_of_their_pool(
+    job: TrainingJob, plan: Plan, pools: tuple[GPUPool, ...]
+) -> None:
+    a100 = pools[0].model_copy(
+        update={
+            "spec": pools[0].spec.model_copy(
+                update={
+                    "taints": (
+                        Taint(key="example.com/dedicated", value="training", effect="NoSchedule"),
+                        Taint(key="example.com/maintenance", effect="NoExecute"),
+                    )
+                }
+            )
+        }
+    )
+    untainted = GPUPool.model_validate(
+        {
+            "name": "v100",
+            "spec": {"nodePool": "v100-pool", "taints": []},
+            "status": {"gpuType": "V100-16", "spot": True},
+        }
+    )
+    pods = desired_children(job, plan, 1, 0, {"a100": a100, "v100": untainted}).pods
+    on_a100 = [p for p in pods if p["metadata"]["labels"]["sailplan.dev/gpupool"] == "a100"]
+    assert on_a100
+    for pod in on_a100:
+        assert pod["spec"]["tolerations"] == [
+            {
+                "key": "example.com/dedicated",
+                "operator": "Equal",
+                "value": "training",
+                "effect": "NoSchedule",
+            },
+            {"key": "example.com/maintenance", "operator": "Exists", "effect": "NoExecute"},
+        ]
+    on_v100 = [p for p in pods if p["metadata"]["labels"]["sailplan.dev/gpupool"] == "v100"]
+    # An explicit empty list: untainted nodes, not GKE's defaults (even for a spot pool).
+    assert on_v100 and all(p["spec"]["tolerations"] == [] for p in on_v100)
+    # Unset: GKE's GPU taint, plus the spot taint on a spot pool.
+    default_spot = untainted.model_copy(
+        update={"spec": untainted.spec.model_copy(update={"taints": None})}
+    )
+    pods = desired_children(job, plan, 1, 0, {"a100": pools[0], "v100": default_spot}).pods
+    keys = {
+        p["metadata"]["labels"]["sailplan.dev/gpupool"]: [
+            t["key"] for t in p["spec"]["tolerations"]
+        ]
+        for p in pods
+    }
+    assert keys == {
+        "a100": ["nvidia.com/gpu"],
+        "v100": ["nvidia.com/gpu", "cloud.google.com/gke-spot"],
+    }

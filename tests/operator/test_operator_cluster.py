@@ -8,10 +8,9 @@ node pools, global batch 16) so the real planner answers in seconds.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,34 +34,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "manifests" / "examples"
 JOB_LABEL = "sailplan.dev/job"
-
-
-@pytest.fixture
-def operator(
-    kubeconfig: str, namespace: str, crds: None, k8s_api: Any, tmp_path: Path
-) -> Iterator[OperatorProcess]:
-    running = OperatorProcess(kubeconfig, namespace, tmp_path / "operator.log")
-    running.start()
-    try:
-        yield running
-    finally:
-        running.stop()
-        # Free the GPUs for the next test: delete the jobs, wait for their pods to go.
-        custom = client.CustomObjectsApi(k8s_api)
-        core = client.CoreV1Api(k8s_api)
-        for job in custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs")[
-            "items"
-        ]:
-            custom.delete_namespaced_custom_object(
-                GROUP, VERSION, namespace, "trainingjobs", job["metadata"]["name"]
-            )
-        wait_for(
-            "test pods gone",
-            lambda: not core.list_namespaced_pod(namespace, label_selector=JOB_LABEL).items,
-            60,
-        )
-        if os.environ.get("SAILPLAN_TEST_SHOW_OPERATOR_LOG"):
-            print(running.log.read_text())
 
 
 def job_body(namespace: str, name: str, pools: list[str] | None, **spec: Any) -> dict[str, Any]:
