@@ -1,13 +1,20 @@
-"""Fixtures of the operator's unit tests (builders live in operator_builders.py)."""
+"""Fixtures of the operator's tests (builders live in operator_builders.py): pure builders,
+and `operator`, the real operator as a subprocess against the local cluster."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
 from operator_builders import JOB_SPEC, make_plan, pool
+from operator_process import OperatorProcess
+from waiting import wait_for
 
+from sailplan.operator.api.common import GROUP, VERSION
 from sailplan.operator.api.gpupool import GPUPool
 from sailplan.operator.api.trainingjob import TrainingJob
 from sailplan.planner.catalog import Catalog, default_catalog
@@ -52,3 +59,35 @@ def make_job() -> Callable[..., TrainingJob]:
         )
 
     return build
+
+
+# Worker and profiling pods carry it (sailplan.operator.reconcile.naming.LABEL_JOB).
+JOB_LABEL = "sailplan.dev/job"
+
+
+@pytest.fixture
+def operator(
+    kubeconfig: str, namespace: str, crds: None, k8s_api: Any, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    running = OperatorProcess(kubeconfig, namespace, tmp_path / "operator.log")
+    running.start()
+    try:
+        yield running
+    finally:
+        running.stop()
+        # Free the GPUs for the next test: delete the jobs, wait for their pods to go.
+        custom = client.CustomObjectsApi(k8s_api)
+        core = client.CoreV1Api(k8s_api)
+        for job in custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs")[
+            "items"
+        ]:
+            custom.delete_namespaced_custom_object(
+                GROUP, VERSION, namespace, "trainingjobs", job["metadata"]["name"]
+            )
+        wait_for(
+            "test pods gone",
+            lambda: not core.list_namespaced_pod(namespace, label_selector=JOB_LABEL).items,
+            60,
+        )
+        if os.environ.get("SAILPLAN_TEST_SHOW_OPERATOR_LOG"):
+            print(running.log.read_text())

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from operator_process import OperatorProcess
-from test_operator_cluster import job_body, job_events, operator  # noqa: F401 (fixture)
+from test_operator_cluster import job_body, job_events
 from waiting import wait_for
 
 from sailplan.operator.api.common import GROUP, VERSION
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 def test_a_decision_is_an_event_on_the_job_from_the_operator(
     k8s_api: Any,
     namespace: str,
-    operator: OperatorProcess,  # noqa: F811
+    operator: OperatorProcess,
     gpupools: Callable[..., str],
 ) -> None:
     pool = gpupools("a100-ondemand")

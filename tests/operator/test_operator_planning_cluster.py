@@ -9,7 +9,7 @@ with a cost objective, a search of minutes without a deadline.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,25 +26,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 EXAMPLE_NODE_POOLS = ("a100-ondemand", "a100-spot", "v100-ondemand", "v100-spot")
 # The operator's kill of a search that overruns its deadline (replan.defaults).
 GRACE_SECONDS = 30
-
-
-@pytest.fixture
-def operator(
-    kubeconfig: str, namespace: str, crds: None, k8s_api: Any, tmp_path: Path
-) -> Iterator[OperatorProcess]:
-    running = OperatorProcess(kubeconfig, namespace, tmp_path / "operator.log")
-    running.start()
-    try:
-        yield running
-    finally:
-        running.stop()
-        custom = client.CustomObjectsApi(k8s_api)
-        for job in custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs")[
-            "items"
-        ]:
-            custom.delete_namespaced_custom_object(
-                GROUP, VERSION, namespace, "trainingjobs", job["metadata"]["name"]
-            )
 
 
 @pytest.fixture

@@ -13,10 +13,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 from operator_process import OperatorProcess
-from test_operator_cluster import (  # the real-operator fixture and helpers
+from test_operator_cluster import (
     get_job,
     job_body,
-    operator,  # noqa: F401 (fixture)
 )
 from test_profiling import CLUSTER, MODEL, compute, network
 from waiting import wait_for
@@ -99,7 +98,7 @@ def test_imported_sailor_artifact_is_read_back_and_used_for_planning(
     kubeconfig: str,
     k8s_api: Any,
     namespace: str,
-    operator: OperatorProcess,  # noqa: F811
+    operator: OperatorProcess,
     gpupools: Callable[..., str],
 ) -> None:
     if not (ARTIFACT / "profiles").is_dir():
