@@ -112,6 +112,8 @@ def profile_path(directory: Path, profile: ComputeProfile | NetworkProfile) -> P
     name = parts[-1]
     if isinstance(profile, NetworkProfile) and profile.gpus_per_node:
         name += f"-n{profile.gpus_per_node}"
+    if isinstance(profile, NetworkProfile) and profile.measure != "p2p":
+        name += f"-{profile.measure}"  # a collective or concurrent curve beside the p2p one
     return directory.joinpath(*parts[:-1], f"{name}.json")
 
 

@@ -20,6 +20,15 @@ PROFILE_API_VERSION: Final = "sailplan.dev/v1alpha1"
 Source = Literal["measured", "estimated"]
 LinkClass = Literal["intra-node", "intra-zone", "inter-zone", "inter-region"]
 LINK_CLASSES: tuple[LinkClass, ...] = ("intra-node", "intra-zone", "inter-zone", "inter-region")
+# What a network curve measured (NetworkProfile.measure):
+# - p2p: one flow, one rank to one rank (ping-pong or one way): bytes / time;
+# - concurrent: every GPU of a node sending to its peer on the other node at once, the
+#   curve being the node's aggregate rate (what a node's NIC carries when all its GPUs talk);
+# - allreduce: an all-reduce over `ranks` ranks (every GPU of `gpus_per_node`-GPU nodes), the
+#   curve being nccl-tests' bus bandwidth, 2 (ranks - 1) / ranks x bytes / time, against the
+#   message size each rank reduces.
+Measure = Literal["p2p", "concurrent", "allreduce"]
+MEASURES: tuple[Measure, ...] = ("p2p", "concurrent", "allreduce")
 
 
 class Provenance(BaseModel):
@@ -120,11 +129,15 @@ class NetworkProfile(BaseModel):
     gpu_type: str = ""
     peer_gpu_type: str = ""
     gpus_per_node: int = Field(default=0, ge=0, description="0 = any")
+    measure: Measure = "p2p"
+    ranks: int = Field(default=0, ge=0, description="processes measured together; 0 = unsaid")
     curve: BandwidthCurve
     provenance: Provenance
 
     @property
     def key(self) -> str:
+        """Link and GPU pair: the profile-store key (one store entry holds every measure and
+        node shape of a link, as one profiling Job measures them together)."""
         pair = "/".join(x for x in (self.gpu_type, self.peer_gpu_type) if x)
         return f"network/{self.link}" + (f"/{pair}" if pair else "")
 
@@ -172,13 +185,15 @@ class ProfileSet(BaseModel):
         gpu_type: str = "",
         peer_gpu_type: str = "",
         gpus_per_node: int = 0,
+        measure: Measure = "p2p",
     ) -> NetworkProfile | None:
         """Most specific profile for a link: exact GPU pair, then either order, then generic.
 
         Within one GPU pair, a profile measured with `gpus_per_node` GPUs per VM beats one
         for any count (0), which beats one for another count; measured beats estimated.
+        Only profiles of the asked `measure` count (a bus bandwidth is not a p2p rate).
         """
-        candidates = [p for p in self.network if p.link == link]
+        candidates = [p for p in self.network if p.link == link and p.measure == measure]
         wanted = [
             (gpu_type, peer_gpu_type),
             (peer_gpu_type, gpu_type),

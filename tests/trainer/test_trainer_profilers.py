@@ -11,9 +11,10 @@ from typer.testing import CliRunner
 
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.profiles.store import load_profile_dir
+from sailplan.planner.profiles.types import ProfileSet
 from sailplan.trainer.profilers.cli import app
 from sailplan.trainer.profilers.compute import LayerTimes, profile_grid
-from sailplan.trainer.profilers.network import fit_curve
+from sailplan.trainer.profilers.network import directions, fit_curve
 
 pytestmark = pytest.mark.trainer
 
@@ -85,27 +86,56 @@ def test_bandwidth_fit_recovers_a_known_quadratic() -> None:
     )
 
 
-def test_network_profiler_writes_a_profile_the_planner_loads(tmp_path: Path) -> None:
-    result = CliRunner().invoke(
-        app,
-        [
-            "network",
-            "--link",
-            "intra-node",
-            "--gpu-type",
-            "CPU",
-            "--out",
-            str(tmp_path),
-            "--max-bytes",
-            str(4 * 2**20),
-            "--repeats",
-            "2",
-        ],
-    )
+def _network(tmp_path: Path, *args: str) -> ProfileSet:
+    small = ["--min-bytes", str(64 * 1024), "--max-bytes", str(2**20), "--repeats", "1"]
+    result = CliRunner().invoke(app, ["network", "--out", str(tmp_path), *small, *args])
     assert result.exit_code == 0, result.output
-    profile = load_profile_dir(tmp_path).network_profile("intra-node", "CPU")
-    assert profile is not None and profile.provenance.source == "measured"
-    assert profile.curve.max_bytes_per_s >= profile.curve.min_bytes_per_s > 0
+    return load_profile_dir(tmp_path)
+
+
+def test_intra_node_profiler_measures_p2p_and_the_nodes_allreduce(tmp_path: Path) -> None:
+    # three local ranks stand for a three-GPU node
+    profiles = _network(
+        tmp_path,
+        *("--link", "intra-node", "--gpu-type", "CPU", "--peer-gpu-type", "CPU"),
+        *("--gpus-per-node", "3", "--procs-per-node", "3"),
+    )
+    p2p = profiles.network_profile("intra-node", "CPU", "CPU", 3)
+    assert p2p is not None and p2p.measure == "p2p" and p2p.provenance.source == "measured"
+    assert p2p.curve.max_bytes_per_s >= p2p.curve.min_bytes_per_s > 0
+    bus = profiles.network_profile("intra-node", "CPU", "CPU", 3, measure="allreduce")
+    assert bus is not None and (bus.gpus_per_node, bus.ranks) == (3, 3)
+    assert bus.provenance.tool == "sailplan-profile" and bus.provenance.date
+    assert "all-reduce bus bandwidth" in bus.provenance.note
+
+
+def test_node_pair_profiler_measures_both_directions_flows_and_allreduce(tmp_path: Path) -> None:
+    # two "nodes" of two ranks each, all local (gloo), with different GPU type names so the
+    # two directions are filed apart
+    profiles = _network(
+        tmp_path,
+        *("--link", "intra-zone", "--gpu-type", "A", "--peer-gpu-type", "B"),
+        *("--procs-per-node", "2"),
+    )
+    by_measure: dict[str, list[tuple[str, str]]] = {}
+    for found in profiles.network:
+        assert found.link == "intra-zone" and found.provenance.source == "measured"
+        by_measure.setdefault(found.measure, []).append((found.gpu_type, found.peer_gpu_type))
+    assert sorted(by_measure["p2p"]) == [("A", "B"), ("B", "A")]
+    assert sorted(by_measure["concurrent"]) == [("A", "B"), ("B", "A")]
+    assert by_measure["allreduce"] == [("A", "B")]
+    flows = profiles.network_profile("intra-zone", "B", "A", 2, measure="concurrent")
+    assert flows is not None and (flows.gpu_type, flows.ranks, flows.gpus_per_node) == ("B", 4, 2)
+    bus = profiles.network_profile("intra-zone", "A", "B", 2, measure="allreduce")
+    assert bus is not None and bus.ranks == 4
+
+
+def test_one_gpu_type_keeps_the_slower_direction_at_each_size() -> None:
+    forward = [(1, 10.0), (2, 5.0)]
+    backward = [(1, 4.0), (2, 8.0)]
+    ((sender, receiver, rates, how),) = directions(forward, backward, "A100", "A100")
+    assert (sender, receiver, rates) == ("A100", "A100", [(1, 4.0), (2, 5.0)])
+    assert "slower" in how
 
 
 def test_unknown_link_class_is_a_one_line_error(tmp_path: Path) -> None:

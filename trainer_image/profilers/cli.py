@@ -15,7 +15,7 @@ import typer
 
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.profiles.store import write_profile
-from sailplan.planner.profiles.types import LinkClass
+from sailplan.planner.profiles.types import MEASURES, LinkClass, Measure
 
 app = typer.Typer(
     name="sailplan-profile",
@@ -90,21 +90,37 @@ def model_command(  # noqa: PLR0917 (typer maps parameters to options)
         typer.echo(str(write_profile(out, profile)))
 
 
+def _measures(text: str) -> tuple[Measure, ...]:
+    wanted = tuple(m.strip() for m in text.split(",") if m.strip())
+    unknown = [m for m in wanted if m not in MEASURES]
+    if unknown or not wanted:
+        raise typer.BadParameter(f"--measure takes {', '.join(MEASURES)}, got {text!r}")
+    return wanted  # type: ignore[return-value]
+
+
 @app.command("network")
 def network_command(  # noqa: PLR0917 (typer maps parameters to options)
     link: Annotated[str, typer.Option(help="intra-node, intra-zone, inter-zone, inter-region")],
     out: Annotated[Path, typer.Option(help="profile directory to write into")],
     gpu_type: Annotated[str, typer.Option(help="this rank's GPU type")] = "",
     peer_gpu_type: Annotated[str, typer.Option(help="the other rank's GPU type")] = "",
-    gpus_per_node: Annotated[int, typer.Option(help="0 = any")] = 0,
+    gpus_per_node: Annotated[int, typer.Option(help="node shape the p2p curve is filed under")] = 0,
+    procs_per_node: Annotated[
+        int, typer.Option(help="ranks (GPUs) per node; 0 = 2 inside a node, 1 across")
+    ] = 0,
+    nodes: Annotated[int, typer.Option(help="nodes when all ranks run here (tests)")] = 0,
+    measure: Annotated[str, typer.Option(help="p2p,concurrent,allreduce (comma list)")] = (
+        "p2p,concurrent,allreduce"
+    ),
     min_bytes: Annotated[int, typer.Option(help="smallest message")] = 64 * 1024,
     max_bytes: Annotated[int, typer.Option(help="largest message")] = 2**30,
     repeats: Annotated[int, typer.Option(help="timed repetitions per size")] = 3,
 ) -> None:
-    """Point-to-point bandwidth against message size between two ranks, fitted and written.
+    """Bandwidth against message size: p2p both ways, concurrent flows, all-reduce bus bandwidth.
 
-    With RANK and MASTER_ADDR set (a two-pod profiling Job) this process is one of the two
-    ranks and rank 0 writes the profile; otherwise both ranks run here.
+    With RANK and MASTER_ADDR set (one pod per node of a profiling Job) this pod runs ranks
+    RANK x procs-per-node onwards of two nodes and rank 0's pod writes the profiles;
+    otherwise every rank runs here (`--nodes`, default 1 for intra-node and 2 across nodes).
     """
     from sailplan.trainer.profilers import network
 
@@ -113,29 +129,44 @@ def network_command(  # noqa: PLR0917 (typer maps parameters to options)
     sizes = [s for s in network.default_sizes(max_bytes) if s >= min_bytes]
     if len(sizes) < 3:
         _fail("need at least three message sizes between --min-bytes and --max-bytes")
-    if "RANK" in os.environ and "MASTER_ADDR" in os.environ:
-        import torch.distributed as dist
+    try:
+        measures = _measures(measure)
+    except typer.BadParameter as error:
+        _fail(str(error.message))
+    inside = link == "intra-node"
+    per_node = procs_per_node or (2 if inside else 1)
+    repeats = max(1, repeats)
+    if inside and per_node < 2:
+        _fail("intra-node profiling needs --procs-per-node of at least 2")
+    if "RANK" in os.environ and "MASTER_ADDR" in os.environ and not inside:
+        from sailplan.trainer.profilers.common import run_ranks
 
-        from sailplan.trainer.profilers.common import init_group
-
-        rank = int(os.environ["RANK"])
-        device = init_group(
-            rank, 2, os.environ["MASTER_ADDR"], int(os.environ.get("MASTER_PORT", "29500"))
+        node = int(os.environ["RANK"])
+        found = run_ranks(
+            node * per_node,
+            per_node,
+            2 * per_node,
+            os.environ["MASTER_ADDR"],
+            int(os.environ.get("MASTER_PORT", "29500")),
+            network.measure_ranks,
+            sizes,
+            repeats,
+            per_node,
+            measures,
         )
-        measurements = network.ping_pong(rank, 2, device, sizes, max(1, repeats))
-        dist.destroy_process_group()
-        if rank != 0:
+        if node != 0:
             return
     else:
-        measurements = network.measure_locally(sizes, max(1, repeats))
-    profile = network.profile_link(
+        count = nodes or (1 if inside else 2)
+        found = network.measure_locally(count, per_node, sizes, repeats, measures)
+    for profile in network.profiles_of(
         link,  # type: ignore[arg-type]
-        measurements,
-        gpu_type=gpu_type,
-        peer_gpu_type=peer_gpu_type,
-        gpus_per_node=gpus_per_node,
-    )
-    typer.echo(str(write_profile(out, profile)))
+        found,
+        gpu_type,
+        peer_gpu_type,
+        gpus_per_node,
+    ):
+        typer.echo(str(write_profile(out, profile)))
 
 
 def main() -> None:

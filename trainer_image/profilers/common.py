@@ -95,10 +95,16 @@ def init_group(rank: int, world: int, addr: str, port: int) -> torch.device:
 
 
 def _entry(  # noqa: PLR0917 (multiprocessing passes positional args)
-    rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple[Any, ...], queue: Any
+    rank: int,
+    world: int,
+    addr: str,
+    port: int,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    queue: Any,
 ) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    device = init_group(rank, world, "127.0.0.1", port)
+    device = init_group(rank, world, addr, port)
     try:
         result = fn(rank, world, device, *args)
         if rank == 0:
@@ -107,21 +113,35 @@ def _entry(  # noqa: PLR0917 (multiprocessing passes positional args)
         dist.destroy_process_group()
 
 
-def run_local(world: int, fn: Callable[..., Any], *args: Any) -> Any:
-    """Run fn(rank, world, device, *args) on `world` local processes; return rank 0's result."""
+def run_ranks(  # noqa: PLR0917 (a process group's coordinates)
+    first_rank: int,
+    local: int,
+    world: int,
+    addr: str,
+    port: int,
+    fn: Callable[..., Any],
+    *args: Any,
+) -> Any:
+    """Run fn(rank, world, device, *args) as ranks first_rank .. first_rank + local - 1 of a
+    `world`-rank group whose rank 0 listens on addr:port; return rank 0's result when rank 0
+    runs here, else None. One pod of a multi-node profiling run starts its GPUs' ranks so."""
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
-    port = free_port()
     processes = [
-        context.Process(target=_entry, args=(rank, world, port, fn, args, queue))
-        for rank in range(world)
+        context.Process(target=_entry, args=(rank, world, addr, port, fn, args, queue))
+        for rank in range(first_rank, first_rank + local)
     ]
     for process in processes:
         process.start()
-    result = queue.get()
+    result = queue.get() if first_rank == 0 else None
     for process in processes:
         process.join()
     failed = [p.exitcode for p in processes if p.exitcode]
     if failed:
         raise RuntimeError(f"profiling processes failed with exit codes {failed}")
     return result
+
+
+def run_local(world: int, fn: Callable[..., Any], *args: Any) -> Any:
+    """Run fn(rank, world, device, *args) on `world` local processes; return rank 0's result."""
+    return run_ranks(0, world, world, "127.0.0.1", free_port(), fn, *args)
