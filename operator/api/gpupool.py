@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
-from pydantic import ConfigDict, Field, JsonValue
+from pydantic import ConfigDict, Field, JsonValue, field_validator
 
 from sailplan.operator.api.common import (
     DNS1123_SUBDOMAIN,
@@ -21,6 +21,7 @@ from sailplan.operator.api.common import (
     LabelSelector,
     StatusModel,
 )
+from sailplan.operator.api.machines import MACHINE_SHAPES
 
 KIND: Final = "GPUPool"
 PLURAL: Final = "gpupools"
@@ -41,6 +42,8 @@ REASON_RESOLVED: Final = "Resolved"
 REASON_UNKNOWN_GPU_TYPE: Final = "UnknownGPUType"
 REASON_MIXED_GPU_TYPES: Final = "MixedGPUTypes"
 REASON_NO_GPU_TYPE: Final = "NoGPUType"
+REASON_CAN_GROW: Final = "CanGrow"  # Ready=True with no ready node: the pool can add some
+REASON_SHAPE_MISMATCH: Final = "ShapeMismatch"  # spec.gpuType contradicts the machine type
 
 
 # Set on the spec in the CRD (schema): exactly one way of selecting nodes.
@@ -50,6 +53,80 @@ SPEC_RULES: Final[list[JsonValue]] = [
         "message": "set exactly one of nodePool and selector",
     },
 ]
+
+
+# Set on spec.autoscaling in the CRD: GKE's limits are per zone or for the whole pool, and
+# a node shape must be known before any node exists.
+AUTOSCALING_RULES: Final[list[JsonValue]] = [
+    {
+        "rule": "has(self.maxNodesPerZone) != has(self.totalMaxNodes)",
+        "message": "set exactly one of maxNodesPerZone and totalMaxNodes",
+    },
+    {
+        "rule": "!has(self.minNodesPerZone) || !has(self.maxNodesPerZone)"
+        " || self.minNodesPerZone <= self.maxNodesPerZone",
+        "message": "maxNodesPerZone must not be below minNodesPerZone",
+    },
+    {
+        "rule": "!has(self.totalMinNodes) || !has(self.totalMaxNodes)"
+        " || self.totalMinNodes <= self.totalMaxNodes",
+        "message": "totalMaxNodes must not be below totalMinNodes",
+    },
+    {
+        "rule": "has(self.machineType) || has(self.gpusPerNode)",
+        "message": "set machineType or gpusPerNode: the node shape of a pool with no nodes",
+    },
+]
+
+
+MACHINE_TYPES: Final[list[JsonValue]] = [*sorted(MACHINE_SHAPES)]
+
+
+class Autoscaling(KubeModel):
+    """What the pool can become: a GKE node pool's autoscaling limits and node shape.
+
+    The planner counts the nodes the pool may still add (up to its maximum) as obtainable
+    capacity that takes `provisioningSeconds` to arrive; creating pods pinned to the pool
+    and zone is what makes the cluster autoscaler add them.
+    """
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": AUTOSCALING_RULES})
+
+    zones: tuple[str, ...] = Field(
+        min_length=1,
+        max_length=32,
+        description="zones the node pool may create nodes in (GKE node locations)",
+    )
+    machine_type: str | None = Field(
+        default=None,
+        description="GKE machine type (a2-highgpu-4g, a3-highgpu-8g, g2-standard-48, ...): "
+        "fixes the GPU type and GPUs per node",
+        json_schema_extra={"enum": MACHINE_TYPES},
+    )
+    gpus_per_node: int | None = Field(
+        default=None,
+        ge=1,
+        le=16,
+        description="GPUs of a new node (N1 with V100/T4); unset = from machineType",
+    )
+    min_nodes_per_zone: int | None = Field(default=None, ge=0, le=1000)
+    max_nodes_per_zone: int | None = Field(default=None, ge=0, le=1000)
+    total_min_nodes: int | None = Field(default=None, ge=0, le=10000)
+    total_max_nodes: int | None = Field(default=None, ge=0, le=10000)
+    provisioning_seconds: int = Field(
+        default=300,
+        ge=0,
+        le=86400,
+        description="expected seconds from a pending pod to a Ready node of this pool",
+    )
+
+    @field_validator("machine_type")
+    @classmethod
+    def _known_machine_type(cls, value: str | None) -> str | None:
+        # The CRD's enum refuses it at the API server; this keeps the model as strict.
+        if value is not None and value not in MACHINE_SHAPES:
+            raise ValueError(f"unknown machine type {value!r}")
+        return value
 
 
 class Pricing(KubeModel):
@@ -107,6 +184,9 @@ class GPUPoolSpec(KubeModel):
         "cloud.google.com/gke-spot=true:NoSchedule on a spot pool; [] = untainted nodes",
     )
     pricing: Pricing | None = None
+    autoscaling: Autoscaling | None = Field(
+        default=None, description="unset = the pool is the nodes that exist, it never grows"
+    )
 
 
 class ZoneStatus(StatusModel):
@@ -121,6 +201,16 @@ class ZoneStatus(StatusModel):
     gpus_per_node: int = Field(default=0, ge=0, description="allocatable GPUs on a ready node")
     gpus_allocatable: int = Field(default=0, ge=0, description="over ready nodes")
     gpus_in_use: int = Field(default=0, ge=0, description="requested by pods on ready nodes")
+    nodes_provisioning: int = Field(
+        default=0, ge=0, description="nodes that exist but are not Ready yet"
+    )
+    nodes_possible: int = Field(
+        default=0, ge=0, description="nodes the pool may still add here (autoscaling maximum)"
+    )
+    gpus_possible: int = Field(default=0, ge=0, description="GPUs of the nodes it may add")
+    gpus_reserved: int = Field(
+        default=0, ge=0, description="requested by workers created here and not yet bound"
+    )
 
 
 class GPUPoolStatus(StatusModel):
@@ -131,6 +221,10 @@ class GPUPoolStatus(StatusModel):
     nodes_ready: int = Field(default=0, ge=0)
     gpus_allocatable: int = Field(default=0, ge=0)
     gpus_in_use: int = Field(default=0, ge=0)
+    gpus_per_node: int = Field(default=0, ge=0, description="GPUs of a new node (autoscaling)")
+    provisioning_seconds: int | None = Field(default=None, ge=0)
+    gpus_possible: int = Field(default=0, ge=0)
+    gpus_reserved: int = Field(default=0, ge=0)
     zones: tuple[ZoneStatus, ...] = Field(
         default=(),
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["zone"]},

@@ -1,7 +1,13 @@
 """GPUPool status from the nodes it selects: counts per zone, GPU type, spot, conditions.
 
 Called by the GPUPool handler whenever a node or a GPU-holding pod changes. Pure: nodes,
-GPU usage and the catalog come in as arguments, the clock as `now`.
+GPU usage, the GPUs reserved by unbound workers and the catalog come in as arguments, the
+clock as `now`.
+
+A pool with spec.autoscaling also lists what it can become: per zone, the nodes it may
+still add under its autoscaling maximum (possible) and those that exist but are not Ready
+yet (provisioning). A pool-wide maximum (totalMaxNodes) is split evenly over the zones, so
+the zones' possible nodes never add up to more than the pool may create.
 """
 
 from __future__ import annotations
@@ -12,7 +18,8 @@ from datetime import datetime
 
 from sailplan.operator.api import gpupool as api
 from sailplan.operator.api.common import Condition, set_condition
-from sailplan.operator.api.gpupool import GPUPool, GPUPoolStatus, ZoneStatus
+from sailplan.operator.api.gpupool import Autoscaling, GPUPool, GPUPoolStatus, ZoneStatus
+from sailplan.operator.api.machines import MACHINE_SHAPES
 from sailplan.operator.reconcile.nodes import NodeInfo
 from sailplan.planner.catalog import Catalog, UnknownGPUError
 
@@ -29,9 +36,16 @@ def selects(pool: GPUPool, node: NodeInfo) -> bool:
 def _resolve_gpu_type(
     pool: GPUPool, nodes: list[NodeInfo], catalog: Catalog
 ) -> tuple[str | None, Condition]:
-    """The pool's catalog GPU name, from the spec or the nodes' GKE accelerator label."""
+    """The pool's catalog GPU name: from the spec, else the autoscaling machine type, else
+    the nodes' GKE accelerator label."""
+    machine = _machine_type(pool)
     if pool.spec.gpu_type is not None:
         wanted, source = {pool.spec.gpu_type}, "spec.gpuType"
+        mismatch = _shape_mismatch(pool.spec.gpu_type, machine, catalog)
+        if mismatch is not None:
+            return None, mismatch
+    elif machine is not None:
+        wanted, source = {MACHINE_SHAPES[machine].gpu_type}, f"machine type {machine}"
     else:
         wanted = {
             n.labels[api.ACCELERATOR_LABEL] for n in nodes if api.ACCELERATOR_LABEL in n.labels
@@ -70,11 +84,68 @@ def _resolve_gpu_type(
     )
 
 
-def _zone_status(zone: str, nodes: list[NodeInfo], in_use: Mapping[str, int]) -> ZoneStatus:
+def _machine_type(pool: GPUPool) -> str | None:
+    autoscaling = pool.spec.autoscaling
+    return autoscaling.machine_type if autoscaling is not None else None
+
+
+def _shape_mismatch(gpu_type: str, machine: str | None, catalog: Catalog) -> Condition | None:
+    if machine is None:
+        return None
+    shape = MACHINE_SHAPES[machine]
+    try:
+        if catalog.resolve_gpu(gpu_type) == catalog.resolve_gpu(shape.gpu_type):
+            return None
+    except UnknownGPUError:
+        return None  # reported as UnknownGPUType by the caller
+    return Condition(
+        type=api.GPU_TYPE_RESOLVED,
+        status="False",
+        reason=api.REASON_SHAPE_MISMATCH,
+        message=f"spec.gpuType {gpu_type} contradicts machine type {machine} "
+        f"({shape.gpu_type}): drop one",
+    )
+
+
+def new_node_gpus(autoscaling: Autoscaling) -> int:
+    """GPUs of a node the pool would add: the spec's count, else the machine type's."""
+    if autoscaling.gpus_per_node is not None:
+        return autoscaling.gpus_per_node
+    if autoscaling.machine_type is not None:
+        return MACHINE_SHAPES[autoscaling.machine_type].gpus_per_node
+    return 0  # the CRD's rule requires one of them
+
+
+def possible_nodes(
+    autoscaling: Autoscaling, existing: Mapping[str, int], zones: list[str]
+) -> dict[str, int]:
+    """Nodes the pool may still add per zone, given its existing nodes per zone."""
+    if autoscaling.max_nodes_per_zone is not None:
+        limit = autoscaling.max_nodes_per_zone
+        return {z: max(0, limit - existing.get(z, 0)) for z in zones}
+    room = max(0, (autoscaling.total_max_nodes or 0) - sum(existing.values()))
+    allowed = set(autoscaling.zones)
+    growing = [z for z in zones if z in allowed]
+    share, extra = divmod(room, len(growing)) if growing else (0, 0)
+    return {z: (share + (1 if i < extra else 0)) for i, z in enumerate(growing)} | {
+        z: 0 for z in zones if z not in allowed
+    }
+
+
+def _zone_status(
+    zone: str,
+    nodes: list[NodeInfo],
+    in_use: Mapping[str, int],
+    *,
+    reserved: int,
+    possible: int,
+    new_gpus: int,
+) -> ZoneStatus:
     ready = [n for n in nodes if n.schedulable]
     sizes = Counter(n.gpus_allocatable for n in ready if n.gpus_allocatable > 0)
-    # The most common node size; ties go to the larger one (deterministic).
-    gpus_per_node = max(sizes.items(), key=lambda kv: (kv[1], kv[0]))[0] if sizes else 0
+    # The most common node size; ties go to the larger one (deterministic). A zone with no
+    # ready node has the size of the nodes the pool would add.
+    gpus_per_node = max(sizes.items(), key=lambda kv: (kv[1], kv[0]))[0] if sizes else new_gpus
     free = [
         n for n in ready if n.gpus_allocatable >= gpus_per_node > 0 and in_use.get(n.name, 0) == 0
     ]
@@ -86,6 +157,10 @@ def _zone_status(zone: str, nodes: list[NodeInfo], in_use: Mapping[str, int]) ->
         gpus_per_node=gpus_per_node,
         gpus_allocatable=sum(n.gpus_allocatable for n in ready),
         gpus_in_use=sum(in_use.get(n.name, 0) for n in ready),
+        nodes_provisioning=sum(1 for n in nodes if not n.ready),
+        nodes_possible=possible,
+        gpus_possible=possible * new_gpus,
+        gpus_reserved=reserved,
     )
 
 
@@ -95,15 +170,40 @@ def pool_status(
     gpus_in_use: Mapping[str, int],
     catalog: Catalog,
     now: datetime,
+    *,
+    reserved: Mapping[str, int] | None = None,
 ) -> GPUPoolStatus:
-    """The status the pool should have given every node of the cluster and GPU usage."""
+    """The status the pool should have given every node of the cluster, GPU usage per node
+    and `reserved`: zone -> GPUs that this pool's created but unbound workers will take."""
     selected = sorted((n for n in nodes if selects(pool, n)), key=lambda n: n.name)
     gpu_type, type_condition = _resolve_gpu_type(pool, selected, catalog)
+    reserved = reserved or {}
+    autoscaling = pool.spec.autoscaling
 
     by_zone: dict[str, list[NodeInfo]] = {}
     for node in selected:
         by_zone.setdefault(node.zone or "unknown", []).append(node)
-    zones = tuple(_zone_status(z, by_zone[z], gpus_in_use) for z in sorted(by_zone))
+    if autoscaling is not None:
+        for zone in autoscaling.zones:
+            by_zone.setdefault(zone, [])
+    zone_names = sorted(by_zone)
+    new_gpus = new_node_gpus(autoscaling) if autoscaling is not None else 0
+    possible = (
+        possible_nodes(autoscaling, {z: len(by_zone[z]) for z in zone_names}, zone_names)
+        if autoscaling is not None
+        else {}
+    )
+    zones = tuple(
+        _zone_status(
+            z,
+            by_zone[z],
+            gpus_in_use,
+            reserved=reserved.get(z, 0),
+            possible=possible.get(z, 0),
+            new_gpus=new_gpus,
+        )
+        for z in zone_names
+    )
 
     if pool.spec.spot is not None:
         spot: bool | None = pool.spec.spot
@@ -114,11 +214,19 @@ def pool_status(
         spot = None
 
     nodes_ready = sum(z.nodes_ready for z in zones)
+    nodes_possible = sum(z.nodes_possible for z in zones)
+    message = f"{nodes_ready}/{len(selected)} nodes ready and schedulable"
+    if nodes_ready:
+        reason = api.REASON_NODES_READY
+    elif nodes_possible:
+        reason, message = api.REASON_CAN_GROW, f"{message}; may add {nodes_possible} nodes"
+    else:
+        reason = api.REASON_NO_READY_NODES
     ready_condition = Condition(
         type=api.READY,
-        status="True" if nodes_ready else "False",
-        reason=api.REASON_NODES_READY if nodes_ready else api.REASON_NO_READY_NODES,
-        message=f"{nodes_ready}/{len(selected)} nodes ready and schedulable",
+        status="True" if nodes_ready or nodes_possible else "False",
+        reason=reason,
+        message=message,
     )
     conditions = pool.status.conditions
     for condition in (ready_condition, type_condition):
@@ -133,6 +241,12 @@ def pool_status(
         nodes_ready=nodes_ready,
         gpus_allocatable=sum(z.gpus_allocatable for z in zones),
         gpus_in_use=sum(z.gpus_in_use for z in zones),
+        gpus_per_node=new_gpus,
+        provisioning_seconds=(
+            autoscaling.provisioning_seconds if autoscaling is not None else None
+        ),
+        gpus_possible=sum(z.gpus_possible for z in zones),
+        gpus_reserved=sum(z.gpus_reserved for z in zones),
         zones=zones,
         conditions=conditions,
     )

@@ -4,11 +4,16 @@ One snapshot Pool per (GPUPool, zone): the planner's pools are homogeneous and i
 a GPUPool may span zones. Only nodes with all their GPUs free count, because a plan puts
 whole tensor-parallel groups on nodes and a half-used node cannot promise that. Prices are
 the GPUPool's overrides where given, else left to the catalog (None).
+
+An autoscaled GPUPool adds the nodes it may still create as obtainable nodes (with its
+provisioning time). GPUs reserved by workers that were created and are not bound yet
+(another job's plan) are taken off first the free nodes (where the scheduler would put
+them), then the obtainable ones, in whole nodes: two jobs never count the same capacity.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
 from sailplan.operator.api.gpupool import GPUPool
@@ -43,6 +48,25 @@ def select_pools(selection: PoolSelection, pools: Iterable[GPUPool]) -> list[GPU
     return available
 
 
+def with_reservations(
+    pools: Sequence[GPUPool], reservations: Iterable[tuple[str, str, int]]
+) -> tuple[GPUPool, ...]:
+    """`pools` with each zone's gpusReserved set from (GPUPool, zone, GPUs) of the unbound
+    workers that exist now (nodes.pod_gpu_reservation), fresher than the written status."""
+    reserved: dict[tuple[str, str], int] = {}
+    for pool_name, zone_name, gpus in reservations:
+        reserved[pool_name, zone_name] = reserved.get((pool_name, zone_name), 0) + gpus
+    result = []
+    for pool in pools:
+        zones = tuple(
+            zone.model_copy(update={"gpus_reserved": reserved.get((pool.name, zone.zone), 0)})
+            for zone in pool.status.zones
+        )
+        status = pool.status.model_copy(update={"zones": zones})
+        result.append(pool.model_copy(update={"status": status}))
+    return tuple(result)
+
+
 def _price(pool: GPUPool, spot: bool) -> float | None:
     pricing = pool.spec.pricing
     if pricing is None:
@@ -50,9 +74,29 @@ def _price(pool: GPUPool, spot: bool) -> float | None:
     return pricing.spot_usd_per_gpu_hour if spot else pricing.on_demand_usd_per_gpu_hour
 
 
-def snapshot_pools(pools: Sequence[GPUPool], count: NodeCount = "free") -> tuple[Pool, ...]:
-    """Snapshot pools with at least one free node (or ready node, with count="ready": what
-    the pools are, busy or not), for GPUPools whose GPU type resolved."""
+def usable_nodes(
+    free: int, obtainable: int, reserved_gpus: int, gpus_per_node: int
+) -> tuple[int, int]:
+    """(free, obtainable) nodes left once `reserved_gpus` of unbound workers are placed:
+    whole nodes, free ones first."""
+    reserved_nodes = -(-reserved_gpus // gpus_per_node) if gpus_per_node else 0
+    from_free = min(free, reserved_nodes)
+    from_obtainable = min(obtainable, reserved_nodes - from_free)
+    return free - from_free, obtainable - from_obtainable
+
+
+def snapshot_pools(
+    pools: Sequence[GPUPool],
+    count: NodeCount = "free",
+    *,
+    reserved: Mapping[str, int] | None = None,
+) -> tuple[Pool, ...]:
+    """Snapshot pools with at least one free or obtainable node (or ready node, with
+    count="ready": what the pools are, busy or not), for GPUPools whose GPU type resolved.
+
+    `reserved` (pool key -> GPUs) replaces the statuses' gpusReserved where given: the
+    caller's fresher count, less what the planning job itself holds.
+    """
     result: list[Pool] = []
     for pool in sorted(pools, key=lambda p: p.name):
         status = pool.status
@@ -60,16 +104,29 @@ def snapshot_pools(pools: Sequence[GPUPool], count: NodeCount = "free") -> tuple
             continue
         spot = bool(status.spot)
         for zone in status.zones:
-            nodes = zone.nodes_free if count == "free" else zone.nodes_ready
-            if nodes == 0 or zone.gpus_per_node == 0:
+            if zone.gpus_per_node == 0:
+                continue
+            key = pool_key(pool.name, zone.zone)
+            if count == "free":
+                held = reserved.get(key, 0) if reserved is not None else zone.gpus_reserved
+                free, obtainable = usable_nodes(
+                    zone.nodes_free, zone.nodes_possible, held, zone.gpus_per_node
+                )
+            else:
+                free, obtainable = zone.nodes_ready, 0
+            if free + obtainable == 0:
                 continue
             result.append(
                 Pool(
-                    name=pool_key(pool.name, zone.zone),
+                    name=key,
                     gpu_type=status.gpu_type,
                     zone=zone.zone,
                     gpus_per_node=zone.gpus_per_node,
-                    nodes=nodes,
+                    nodes=free + obtainable,
+                    obtainable_nodes=obtainable,
+                    provisioning_seconds=float(status.provisioning_seconds or 0)
+                    if obtainable
+                    else 0.0,
                     spot=spot,
                     usd_per_gpu_hour=_price(pool, spot),
                 )
@@ -77,5 +134,10 @@ def snapshot_pools(pools: Sequence[GPUPool], count: NodeCount = "free") -> tuple
     return tuple(result)
 
 
-def build_snapshot(pools: Sequence[GPUPool], count: NodeCount = "free") -> ClusterSnapshot:
-    return ClusterSnapshot(pools=snapshot_pools(pools, count))
+def build_snapshot(
+    pools: Sequence[GPUPool],
+    count: NodeCount = "free",
+    *,
+    reserved: Mapping[str, int] | None = None,
+) -> ClusterSnapshot:
+    return ClusterSnapshot(pools=snapshot_pools(pools, count, reserved=reserved))

@@ -12,16 +12,25 @@ spec.replan.horizonSeconds, else 6 h), since a prediction for a week from now is
 little: a switch pays when the time it saves (Throughput) or the money it saves (Cost) over
 that work exceeds what the restart costs, and the relative gain reaches the job's
 spec.replan.minPredictedGain. Called by replan.decision.
+
+A plan that needs nodes an autoscaled pool has yet to add (more nodes in a pool than are
+ready there) waits for them: `node_wait_seconds` (the slowest such pool's provisioning
+time) is added to its restart, and among a first plan's candidates `fastest_to_finish`
+picks the one that finishes the work first counting that wait, so a plan on the nodes
+that exist now may beat a faster one that waits eight minutes for new ones.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from sailplan.operator.replan import defaults
+from sailplan.operator.replan.triggers import nodes_needed
+from sailplan.planner.cluster import ClusterSnapshot
 from sailplan.planner.modelspec import ModelSpec
-from sailplan.planner.plan import Predictions
+from sailplan.planner.plan import Plan, Predictions
 
 # A checkpoint holds fp32 master weights (4 B/param) plus Adam's two fp32 moments (8); SGD
 # keeps the weights only. The trainer's engine saves exactly these (ZeRO paper, Sec. 3.1).
@@ -121,4 +130,48 @@ def evaluate(
         benefit=benefit,
         restart_penalty=penalty,
         min_gain=min_gain,
+    )
+
+
+def node_wait_seconds(plan: Plan, cluster: ClusterSnapshot) -> float:
+    """Seconds `plan` waits for nodes the autoscaler must add first: the longest
+    provisioning time of the pools where it needs more nodes than are ready (0 if none)."""
+    groups: dict[str, list[int]] = {}
+    for worker in plan.workers():
+        groups.setdefault(worker.pool, []).append(worker.tensor_parallel)
+    by_name = {p.name: p for p in cluster.pools}
+    waits = [
+        by_name[name].provisioning_seconds
+        for name, tps in groups.items()
+        if name in by_name
+        and nodes_needed(tps, by_name[name].gpus_per_node) > by_name[name].ready_nodes
+    ]
+    return max(waits, default=0.0)
+
+
+def fastest_to_finish(
+    plans: Sequence[Plan],
+    cluster: ClusterSnapshot,
+    *,
+    remaining_samples: float,
+    horizon_seconds: float,
+) -> tuple[Plan, str | None]:
+    """The plan, of `plans` (best first), that finishes the work judged (what is left, at
+    most what the best plan does within the horizon) first once its node wait is counted;
+    with a one-line reason when that is not the first plan."""
+    best = plans[0]
+    assert best.predictions is not None  # the planner always predicts what it returns
+    work = max(0.0, min(remaining_samples, best.predictions.samples_per_second * horizon_seconds))
+
+    def finish(plan: Plan) -> float:
+        assert plan.predictions is not None
+        return node_wait_seconds(plan, cluster) + work / plan.predictions.samples_per_second
+
+    chosen = min(plans, key=finish)  # min keeps the first of equals: the planner's order
+    if chosen is best:
+        return best, None
+    return chosen, (
+        f"runs on nodes that are ready sooner: finishes {work:.0f} samples in "
+        f"{finish(chosen):.0f} s against {finish(best):.0f} s for the fastest plan, which "
+        f"waits {node_wait_seconds(best, cluster):.0f} s for new nodes"
     )

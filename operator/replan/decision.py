@@ -22,7 +22,13 @@ from dataclasses import dataclass, field
 
 from sailplan.operator.api.trainingjob import TrainingJob
 from sailplan.operator.reconcile.nodes import NodeInfo
-from sailplan.operator.replan.cost import Evaluation, RestartCostModel, evaluate
+from sailplan.operator.replan.cost import (
+    Evaluation,
+    RestartCostModel,
+    evaluate,
+    fastest_to_finish,
+    node_wait_seconds,
+)
 from sailplan.operator.replan.defaults import (
     BACKOFF_SECONDS,
     DRAIN_TIMEOUT_SECONDS,
@@ -251,7 +257,7 @@ def decide(
 ) -> Decision:
     job, current = inputs.job, inputs.plan
     if not any(p.gpus for p in inputs.cluster.pools):
-        return Wait("NoCapacity", "no free ready GPU nodes in the selected GPUPools")
+        return Wait("NoCapacity", "no free or obtainable GPU nodes in the selected GPUPools")
     result = context.planner(plan_request(job, inputs.model, inputs.cluster), inputs.measured)
     if isinstance(result, Searching):
         interim = result.interim
@@ -272,8 +278,18 @@ def decide(
             return Wait(code, reason)
         return Keep(f"no feasible plan on the changed cluster ({code}): {reason}")
     candidate = result.best
+    remaining = max(0, job.spec.training.steps - inputs.step) * job.spec.training.global_batch_size
     if trigger.involuntary or current is None:
-        return Switch(candidate, trigger.message)
+        if job.spec.objective.kind != "Throughput":
+            return Switch(candidate, trigger.message)
+        # Nodes that still have to be added are time the job does not train.
+        chosen, why = fastest_to_finish(
+            (candidate, *result.alternatives),
+            inputs.cluster,
+            remaining_samples=remaining,
+            horizon_seconds=context.config.horizon_seconds,
+        )
+        return Switch(chosen, trigger.message if why is None else f"{trigger.message}; {why}")
     shortfall = plan_shortfall(current, inputs.cluster)
     if shortfall:
         return Switch(candidate, "the current plan no longer fits: " + "; ".join(shortfall))
@@ -291,7 +307,6 @@ def decide(
             candidate, "the current plan breaks the constraints: " + "; ".join(violations)
         )
     assert candidate.predictions is not None  # the planner always predicts what it returns
-    remaining = max(0, job.spec.training.steps - inputs.step) * job.spec.training.global_batch_size
     evaluation = evaluate(
         job.spec.objective.kind,
         now_predicted,
@@ -299,9 +314,11 @@ def decide(
         global_batch_size=job.spec.training.global_batch_size,
         remaining_samples=remaining,
         horizon_seconds=context.config.horizon_seconds,
+        # A candidate on nodes the autoscaler must add first stands still until they come.
         restart_seconds=context.config.restart.restart_seconds(
             inputs.model, job.spec.training.optimizer, measured_drain_seconds
-        ),
+        )
+        + node_wait_seconds(candidate, inputs.cluster),
         min_gain=job.spec.replan.min_predicted_gain,
     )
     if evaluation.worth_it:
