@@ -1,8 +1,10 @@
 """Render the batch/v1 Jobs (and the one Service) that measure what a TrainingJob lacks.
 
 Compute (`sailplan-profile model`): one Job, one pod on one node of the pool, asking for
-as many GPUs as the largest TP degree profiled. Network intra-node: one pod with two GPUs
-(both ranks local). Network between nodes: TWO Jobs, rank 0 and rank 1, plus a headless
+as many GPUs as the largest TP degree profiled. Network intra-node: one pod with all the
+node's GPUs (one local rank each). Network between nodes: TWO Jobs, node 0 and node 1, each
+pod with the smaller node's GPU count (one rank per GPU, for concurrent flows and the
+all-reduce over both nodes), plus a headless
 Service that gives rank 0 a DNS name (hostname.subdomain) for rank 1's MASTER_ADDR. Two
 Jobs rather than one Indexed Job with 2 completions because the two ranks must land on
 DIFFERENT pools and zones, and an Indexed Job has one pod template (one node affinity)
@@ -97,6 +99,7 @@ def need_document(need: Need) -> str:
             "key": need.key,
             "kind": "network",
             "link": need.link,
+            "gpusPerNode": need.flows,
             "pools": [
                 f"{need.site.gpupool}/{need.site.zone}",
                 f"{need.peer.gpupool}/{need.peer.zone}",
@@ -256,6 +259,8 @@ def render_compute_job(job: TrainingJob, need: ComputeNeed, pool: GPUPool) -> di
 
 
 def _network_command(need: NetworkNeed, gpu_type: str, peer: str) -> list[str]:
+    """One rank per GPU the pod holds (`flows`); every measure of the link, filed under that
+    node shape, so the results carry the need's key (importing.store_key)."""
     return [
         "sailplan-profile",
         "network",
@@ -266,7 +271,11 @@ def _network_command(need: NetworkNeed, gpu_type: str, peer: str) -> list[str]:
         "--peer-gpu-type",
         peer,
         "--gpus-per-node",
-        str(need.site.gpus_per_node if need.link == "intra-node" else 0),
+        str(need.flows),
+        "--procs-per-node",
+        str(need.flows),
+        "--measure",
+        "p2p,concurrent,allreduce",
         "--out",
         RESULTS_DIR,
     ]
@@ -278,7 +287,7 @@ def render_network_objects(
     """The objects one network need takes: one Job (intra-node), or a Service and two Jobs."""
     if need.link == "intra-node":
         command = _network_command(need, need.site.gpu_type, need.site.gpu_type)
-        spec = _pod_spec(job, need.site, pools[need.site.gpupool], command=command, gpus=2)
+        spec = _pod_spec(job, need.site, pools[need.site.gpupool], command=command, gpus=need.flows)
         return [_job(job, job_name(job, need), need, pod_labels=labels(job, need), pod_spec=spec)]
     service = service_name(job, need)
     rank0_host = job_name(job, need, 0)
@@ -309,7 +318,9 @@ def render_network_objects(
             {"name": "MASTER_PORT", "value": str(PROFILER_PORT)},
         ]
         command = _network_command(need, site.gpu_type, other.gpu_type)
-        spec = _pod_spec(job, site, pools[site.gpupool], command=command, gpus=1, env=tuple(env))
+        spec = _pod_spec(
+            job, site, pools[site.gpupool], command=command, gpus=need.flows, env=tuple(env)
+        )
         pod_labels = labels(job, need) | {LABEL_RANK: str(rank)}
         # The two ranks never share a node: the link under test is between nodes.
         spec["affinity"]["podAntiAffinity"] = {

@@ -3,11 +3,19 @@
 Compute: one profiling run per (model, GPU type) of the selected pools that has no
 measured compute profile, over the TP degrees a node of that pool allows and the
 micro-batch sizes the planner searches (make_plan plans a GPU type on its measured grid
-points only, so profiling fewer sizes would shrink the search). Network: one per link the
-planner prices that no measured profile covers: inside a node (per GPU type and node
-size) and between every pair of pools (same zone, across zones, across regions; with the
-GPU types at each end), exactly the lookup the simulator does, so a need disappears as
-soon as the profile that would be used is measured.
+points only, so profiling fewer sizes would shrink the search). Network: what the
+simulator's network model needs (simulator/collectives.py), per node shape:
+
+- inside a node, per (GPU type, GPUs per node): one pod with all the node's GPUs measures
+  p2p and the all-reduce bus bandwidth of the node; satisfied by a measured intra-node
+  `allreduce` profile of exactly that shape;
+- between every pair of pools (same zone, across zones, across regions; GPU types at each
+  end): two pods, each with `flows` = the smaller node's GPUs, measure p2p both ways,
+  `flows` concurrent flows both ways (the node's aggregate rate) and the all-reduce over
+  both nodes; satisfied by a measured `concurrent` profile of that pair and shape (and, for
+  two nodes of one GPU type and shape, an `allreduce` one).
+
+A need disappears as soon as those profiles are measured.
 
 The profiling policy decides what happens meanwhile: Auto plans with estimates now and
 replans when measurements arrive (replan.triggers.PROFILES_MEASURED), Required waits,
@@ -23,7 +31,7 @@ from typing import Final, Literal
 from sailplan.operator.reconcile.naming import split_pool_key
 from sailplan.planner.cluster import ClusterSnapshot, Pool
 from sailplan.planner.modelspec import ModelSpec
-from sailplan.planner.profiles.types import LinkClass, ProfileSet
+from sailplan.planner.profiles.types import LinkClass, Measure, ProfileSet
 
 # planner.api searches micro-batch sizes that divide the global batch up to this size
 # (its _MAX_ESTIMATED_MICRO_BATCH); profiling covers the same grid.
@@ -65,9 +73,17 @@ class NetworkNeed:
     peer: Site  # rank 1 (same as site for intra-node)
 
     @property
+    def flows(self) -> int:
+        """GPUs (ranks) per node the measurement uses: the whole node inside one, the
+        smaller node's GPUs across two (each GPU of it sending to one on the other)."""
+        if self.link == "intra-node":
+            return self.site.gpus_per_node
+        return max(1, min(self.site.gpus_per_node, self.peer.gpus_per_node))
+
+    @property
     def key(self) -> str:
-        size = f"/n{self.site.gpus_per_node}" if self.link == "intra-node" else ""
-        return f"network/{self.link}/{self.site.gpu_type}/{self.peer.gpu_type}{size}"
+        """network/<link>/<gpu>/<peer>/n<flows>: the store key of what the Job measures."""
+        return f"network/{self.link}/{self.site.gpu_type}/{self.peer.gpu_type}/n{self.flows}"
 
 
 Need = ComputeNeed | NetworkNeed
@@ -97,9 +113,25 @@ def micro_batch_grid(global_batch_size: int) -> tuple[int, ...]:
     return tuple(m for m in range(1, top + 1) if global_batch_size % m == 0)
 
 
-def _measured_network(profiles: ProfileSet, link: LinkClass, a: str, b: str, n: int) -> bool:
-    found = profiles.network_profile(link, a, b, n)
-    return found is not None and found.provenance.source == "measured"
+def _measured_network(  # noqa: PLR0917 (a lookup's coordinates)
+    profiles: ProfileSet, link: LinkClass, a: str, b: str, n: int, measure: Measure
+) -> bool:
+    """Whether a measured `measure` profile of exactly this link, pair and node shape exists."""
+    found = profiles.network_profile(link, a, b, n, measure=measure)
+    return (
+        found is not None
+        and found.provenance.source == "measured"
+        and found.gpus_per_node == n
+        and {found.gpu_type, found.peer_gpu_type} == {a, b}
+    )
+
+
+def _pair_measured(profiles: ProfileSet, need: NetworkNeed) -> bool:
+    a, b, n = need.site.gpu_type, need.peer.gpu_type, need.flows
+    if not _measured_network(profiles, need.link, a, b, n, "concurrent"):
+        return False
+    same_shape = a == b and need.site.gpus_per_node == need.peer.gpus_per_node
+    return not same_shape or _measured_network(profiles, need.link, a, b, n, "allreduce")
 
 
 def missing_profiles(
@@ -128,7 +160,7 @@ def missing_profiles(
     for pool in pools:
         n = pool.gpus_per_node
         if n >= 2 and not _measured_network(
-            measured, "intra-node", pool.gpu_type, pool.gpu_type, n
+            measured, "intra-node", pool.gpu_type, pool.gpu_type, n, "allreduce"
         ):
             inside = NetworkNeed("intra-node", Site.of(pool), Site.of(pool))
             needs.setdefault(inside.key, inside)
@@ -136,12 +168,10 @@ def missing_profiles(
         for b in pools[i:]:
             if a is b and a.nodes < 2:
                 continue  # two pods on distinct nodes of one pool need two nodes
-            link = link_class(a, b)
-            if _measured_network(measured, link, a.gpu_type, b.gpu_type, a.gpus_per_node):
-                continue
             first, second = sorted((a, b), key=lambda p: (p.gpu_type, p.name))
-            between = NetworkNeed(link, Site.of(first), Site.of(second))
-            needs.setdefault(between.key, between)
+            between = NetworkNeed(link_class(a, b), Site.of(first), Site.of(second))
+            if not _pair_measured(measured, between):
+                needs.setdefault(between.key, between)
     return tuple(needs[key] for key in sorted(needs))
 
 

@@ -91,7 +91,7 @@ def _gpus(need: Need, site: Site) -> int:
     """GPUs one profiling pod at `site` asks for (as jobs.py renders it)."""
     if isinstance(need, ComputeNeed):
         return max(need.tensor_parallel)
-    return 2 if need.link == "intra-node" else 1
+    return need.flows
 
 
 def _sites(need: Need) -> tuple[Site, ...]:

@@ -164,7 +164,7 @@ def test_a_job_without_profiles_measures_them_and_a_second_job_reuses_them(
     # two A100 nodes of one zone (one-GPU nodes have no intra-node link). The first is one
     # Job; a link takes a Job per end, on different nodes.
     compute = key_id("compute/tiny-gpt/A100-40")
-    link = key_id("network/intra-zone/A100-40/A100-40")
+    link = key_id("network/intra-zone/A100-40/A100-40/n1")
     jobs = wait_for(
         "the three profiling Jobs", lambda: len(setup.profiling_jobs("first")) == 3 or None, 60
     )
@@ -195,7 +195,10 @@ def test_a_job_without_profiles_measures_them_and_a_second_job_reuses_them(
     assert sorted(
         (p.model, p.gpu_type, p.tensor_parallel, p.micro_batch_size) for p in profiles.compute
     ) == [("tiny-gpt", "A100-40", 1, mbs) for mbs in (1, 2, 4)]
-    assert [(p.link, p.provenance.source) for p in profiles.network] == [("intra-zone", "measured")]
+    # the pair measured one flow each way, its concurrent flows and the all-reduce over it
+    assert sorted((p.link, p.measure, p.provenance.source) for p in profiles.network) == [
+        ("intra-zone", measure, "measured") for measure in ("allreduce", "concurrent", "p2p")
+    ]
     events = setup.events("first")
     assert "ProfilingStarted" in events and events.count("ProfilesStored") == 2
 

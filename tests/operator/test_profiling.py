@@ -63,12 +63,23 @@ def compute(gpu: str = "A100-40", provenance: Provenance = MEASURED) -> ComputeP
     )
 
 
-def network(
-    link: Any, gpu: str = "", peer: str = "", source: Provenance = MEASURED
+def network(  # noqa: PLR0917 (a profile's identity)
+    link: Any,
+    gpu: str = "",
+    peer: str = "",
+    source: Provenance = MEASURED,
+    gpus_per_node: int = 0,
+    measure: Any = "p2p",
 ) -> NetworkProfile:
     curve = BandwidthCurve(coefficients=(0.0, 0.0, 1.0), max_bytes_per_s=1e9)
     return NetworkProfile(
-        link=link, gpu_type=gpu, peer_gpu_type=peer, curve=curve, provenance=source
+        link=link,
+        gpu_type=gpu,
+        peer_gpu_type=peer,
+        gpus_per_node=gpus_per_node,
+        measure=measure,
+        curve=curve,
+        provenance=source,
     )
 
 
@@ -79,28 +90,77 @@ def keys(measured: ProfileSet) -> list[str]:
 def test_an_empty_store_misses_every_profile_the_pools_need() -> None:
     # Two GPU types -> two compute runs. Links: NVLink inside the 4-GPU A100 nodes (the
     # 1-GPU V100 nodes have none), A100<->A100 inside zone a (2 nodes there), A100 zone a
-    # <-> zone b (same region: inter-zone), A100 <-> V100 in us-west1 (inter-region).
+    # <-> zone b (same region: inter-zone), A100 <-> V100 in us-west1 (inter-region). Each
+    # key ends in the GPUs per node the measurement runs with (the smaller node of a pair).
     assert keys(ProfileSet()) == [
         "compute/OPT-350M/A100-40",
         "compute/OPT-350M/V100-16",
-        "network/inter-region/A100-40/V100-16",
-        "network/inter-zone/A100-40/A100-40",
+        "network/inter-region/A100-40/V100-16/n1",
+        "network/inter-zone/A100-40/A100-40/n4",
         "network/intra-node/A100-40/A100-40/n4",
-        "network/intra-zone/A100-40/A100-40",
+        "network/intra-zone/A100-40/A100-40/n4",
     ]
 
 
 def test_measured_profiles_satisfy_needs_estimated_ones_do_not() -> None:
     store = ProfileSet(
         compute=(compute("A100-40"), compute("V100-16", ESTIMATED)),
-        # A generic measured inter-zone profile is what the simulator would use for any pair.
-        network=(network("inter-zone"), network("inter-region", "V100-16", "A100-40", ESTIMATED)),
+        network=(
+            # all-reduce and concurrent flows of the 4-GPU A100 nodes across zones: measured
+            network("inter-zone", "A100-40", "A100-40", gpus_per_node=4, measure="concurrent"),
+            network("inter-zone", "A100-40", "A100-40", gpus_per_node=4, measure="allreduce"),
+            network(
+                "inter-region",
+                "V100-16",
+                "A100-40",
+                ESTIMATED,
+                gpus_per_node=1,
+                measure="concurrent",
+            ),
+        ),
     )
     assert keys(store) == [
         "compute/OPT-350M/V100-16",
-        "network/inter-region/A100-40/V100-16",
+        "network/inter-region/A100-40/V100-16/n1",
         "network/intra-node/A100-40/A100-40/n4",
-        "network/intra-zone/A100-40/A100-40",
+        "network/intra-zone/A100-40/A100-40/n4",
+    ]
+
+
+def test_p2p_profiles_alone_leave_the_network_model_short() -> None:
+    # What the store held before collectives were profiled: one flow per link. The simulator
+    # needs the node's all-reduce and concurrent flows, so those links are profiled again.
+    old_style = ProfileSet(
+        network=(
+            network("intra-node", "A100-40", "A100-40", gpus_per_node=4),
+            network("intra-zone", "A100-40", "A100-40", gpus_per_node=4),
+        )
+    )
+    assert "network/intra-node/A100-40/A100-40/n4" in keys(old_style)
+    assert "network/intra-zone/A100-40/A100-40/n4" in keys(old_style)
+    # ... and an all-reduce measured on another node shape does not stand for this one.
+    other_shape = ProfileSet(
+        network=(network("intra-node", "A100-40", "A100-40", gpus_per_node=8, measure="allreduce"),)
+    )
+    assert "network/intra-node/A100-40/A100-40/n4" in keys(other_shape)
+    same_shape = ProfileSet(
+        network=(network("intra-node", "A100-40", "A100-40", gpus_per_node=4, measure="allreduce"),)
+    )
+    assert "network/intra-node/A100-40/A100-40/n4" not in keys(same_shape)
+
+
+def test_two_node_shapes_of_one_gpu_type_are_profiled_apart() -> None:
+    pools = (
+        pool("big", "a100-8g", {A: 2}, gpus_per_node=8),
+        pool("small", "a100-2g", {A: 2}, gpus_per_node=2),
+    )
+    found = [n.key for n in missing_profiles(MODEL, 32, build_snapshot(pools), ProfileSet())]
+    network_keys = [k for k in found if k.startswith("network/")]
+    assert network_keys == [
+        "network/intra-node/A100-40/A100-40/n2",
+        "network/intra-node/A100-40/A100-40/n8",
+        "network/intra-zone/A100-40/A100-40/n2",  # small<->small and big<->small: 2 flows
+        "network/intra-zone/A100-40/A100-40/n8",
     ]
 
 
@@ -204,16 +264,38 @@ def test_cross_pool_network_pair_is_two_jobs_and_a_service(job: TrainingJob) -> 
     assert "podAntiAffinity" in pod0["affinity"]
     for pod in (pod0, pod1):
         _parses(pod["initContainers"][0]["command"])
+        # one GPU per flow: the 1-GPU V100 node bounds the pair to one flow per node
+        (profiler,) = pod["initContainers"]
+        assert profiler["resources"]["limits"][GPU_RESOURCE] == "1"
+        assert _flag(profiler["command"], "--procs-per-node") == "1"
 
 
-def test_intra_node_network_is_one_pod_with_two_gpus(job: TrainingJob) -> None:
+def _flag(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+def test_same_shape_pair_uses_every_gpu_of_both_nodes(job: TrainingJob) -> None:
+    (need,) = [n for n in _needs(NetworkNeed) if n.link == "intra-zone"]
+    _, rank0, rank1 = jobs.render_network_objects(job, need, BY_NAME)
+    for rendered in (rank0, rank1):
+        (profiler,) = rendered["spec"]["template"]["spec"]["initContainers"]
+        assert profiler["resources"]["limits"][GPU_RESOURCE] == "4"
+        command = profiler["command"]
+        assert _flag(command, "--procs-per-node") == "4"
+        assert _flag(command, "--gpus-per-node") == "4"
+        assert set(_flag(command, "--measure").split(",")) == {"p2p", "concurrent", "allreduce"}
+
+
+def test_intra_node_network_is_one_pod_with_all_the_nodes_gpus(job: TrainingJob) -> None:
     (need,) = [n for n in _needs(NetworkNeed) if n.link == "intra-node"]
     (rendered,) = jobs.render_network_objects(job, need, BY_NAME)
     (profiler,) = rendered["spec"]["template"]["spec"]["initContainers"]
-    assert profiler["resources"]["limits"][GPU_RESOURCE] == "2"
-    # Without RANK the CLI runs both ranks locally.
+    assert profiler["resources"]["limits"][GPU_RESOURCE] == "4"
+    # Without RANK the CLI runs every rank locally, one per GPU.
     assert not any(e["name"] == "RANK" for e in profiler["env"])
-    assert profiler["command"][profiler["command"].index("--gpus-per-node") + 1] == "4"
+    assert _flag(profiler["command"], "--gpus-per-node") == "4"
+    assert _flag(profiler["command"], "--procs-per-node") == "4"
+    _parses(profiler["command"])
 
 
 def test_all_objects_have_distinct_names(job: TrainingJob) -> None:
@@ -251,6 +333,23 @@ def test_report_module_runs_as_the_container_command(tmp_path: Path) -> None:
     )
     parsed = results.parse_report(done.stdout)
     assert [p.key for p in parsed.network] == ["network/inter-region/A100-40/V100-16"]
+
+
+def test_pair_results_keep_every_measure_under_the_needs_key(tmp_path: Path) -> None:
+    (need,) = [n for n in _needs(NetworkNeed) if n.link == "intra-zone"]
+    for measure in ("p2p", "concurrent", "allreduce"):
+        write_profile(
+            tmp_path,
+            network("intra-zone", "A100-40", "A100-40", gpus_per_node=4, measure=measure),
+        )
+    write_profile(tmp_path, network("inter-zone", "A100-40", "A100-40"))  # not asked for
+    configmap = results.collect(render(tmp_path), need, "sailplan-system", "x")
+    assert configmap["metadata"]["annotations"][results.KEY_ANNOTATION] == need.key
+    found, problems = parse_profile_configmaps([configmap])
+    assert problems == []
+    assert sorted(p.measure for p in found.network) == ["allreduce", "concurrent", "p2p"]
+    # once stored, the need is gone
+    assert need.key not in keys(found)
 
 
 def test_a_log_without_results_is_a_clear_error() -> None:

@@ -74,15 +74,19 @@ def measured_for(needs: tuple[Need, ...]) -> ProfileSet:
                 )
             )
         else:
-            network.append(
+            # what `sailplan-profile network` writes for the need: every measure, filed
+            # under the GPUs per node it ran with
+            network.extend(
                 NetworkProfile(
                     link=need.link,
                     gpu_type=need.site.gpu_type,
                     peer_gpu_type=need.peer.gpu_type,
-                    gpus_per_node=need.site.gpus_per_node if need.link == "intra-node" else 0,
+                    gpus_per_node=need.flows,
+                    measure=measure,
                     curve=BandwidthCurve(coefficients=(0.0, 0.0, 1.0), max_bytes_per_s=1e9),
                     provenance=MEASURED,
                 )
+                for measure in ("p2p", "concurrent", "allreduce")
             )
     return ProfileSet(compute=tuple(compute), network=tuple(network))
 
