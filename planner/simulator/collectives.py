@@ -22,6 +22,17 @@ The algorithm (per gradient bucket; DeepSpeed/Megatron reduce in buckets):
   and the ring for large ones (fewer bytes);
 - latencies are NCCL's own model for the Simple protocol (src/graph/tuning.cc: base 8.4 us
   per collective, 3.4 us per NVLink hop, 5.7 us per PCIe hop, 14 us per network hop).
+
+Measured collectives replace this physics where the profile store has them
+(`sailplan-profile network` writes all-reduce bus bandwidth, busbw = 2 (n - 1) / n x
+bytes / time, against the message size each rank reduces):
+
+- `intra_node_busbw`: the node shape's all-reduce measured over its GPUs; the inside-node
+  phase is then 2 (k - 1) / k x S / busbw(S), its latencies included in the measurement;
+- `collective_busbw`: an all-reduce measured over whole nodes of the group's GPU type and
+  shape; the bucket's whole (hierarchical) all-reduce is then 2 (m - 1) / m x S / busbw(S)
+  over the m = k N members, which carries what NIC physics cannot (NCCL reaching only a
+  fraction of the p2p rate on real clusters) without a fitted constant.
 """
 
 from __future__ import annotations
@@ -62,6 +73,8 @@ class AllReduceLayout:
     intra_hop_latency_s: float
     inter_node: BandwidthCurve
     inter_hop_latency_s: float
+    intra_node_busbw: BandwidthCurve | None = None
+    collective_busbw: BandwidthCurve | None = None
 
     @property
     def members(self) -> int:
@@ -78,12 +91,25 @@ def _rate(curve: BandwidthCurve, message_bytes: FloatArray) -> FloatArray:
     return rate
 
 
+def _busbw_seconds(busbw: BandwidthCurve, members: int, message: FloatArray) -> FloatArray:
+    """nccl-tests' definition read backwards: time = 2 (m - 1) / m x bytes / busbw(bytes)."""
+    seconds: FloatArray = 2.0 * (members - 1) / members * message / _rate(busbw, message)
+    return seconds
+
+
 def _bucket_seconds(layout: AllReduceLayout, bucket: FloatArray, tp: int) -> FloatArray:
     """All-reduce time of one bucket of `bucket` bytes per TP group (array-wise)."""
     k, n = layout.ranks_per_node, layout.nodes
     shard = bucket / tp
+    if n > 1 and layout.collective_busbw is not None:
+        # every TP communicator reduces its shard at the measured bus bandwidth, at once
+        return _busbw_seconds(layout.collective_busbw, k * n, shard)
+    if k > 1 and layout.intra_node_busbw is not None and n == 1:
+        return _busbw_seconds(layout.intra_node_busbw, k, shard)
     seconds = np.zeros_like(bucket)
-    if k > 1:
+    if k > 1 and layout.intra_node_busbw is not None:
+        seconds += _busbw_seconds(layout.intra_node_busbw, k, shard)
+    elif k > 1:
         moved = 2.0 * (k - 1) / k * shard
         seconds += moved / _rate(layout.intra_node, shard / k)
         seconds += 2 * (k - 1) * layout.intra_hop_latency_s

@@ -26,7 +26,13 @@ import numpy.typing as npt
 
 from sailplan.planner.cluster import region_of
 from sailplan.planner.profiles.memory import boundary_activation_bytes, layer_activation_bytes
-from sailplan.planner.profiles.types import BandwidthCurve, LinkClass
+from sailplan.planner.profiles.types import (
+    BandwidthCurve,
+    LinkClass,
+    Measure,
+    NetworkProfile,
+    Source,
+)
 from sailplan.planner.simulator.collectives import (
     NETWORK_HOP_LATENCY_S,
     NVLINK_HOP_LATENCY_S,
@@ -184,6 +190,7 @@ class CostModel:
         self._egress: dict[tuple[str, str], float] = {}
         self._memory: dict[str, float] = {}
         self._p2p: dict[tuple[str, str, str, str, str, str, int, bool, float], float] = {}
+        self._shape_profiles: dict[tuple[LinkClass, str, int, Measure], NetworkProfile | None] = {}
 
     # -- compute -------------------------------------------------------------------------
 
@@ -316,13 +323,34 @@ class CostModel:
         gpus = max(1, min(tp, self.gpus_per_node(a), self.gpus_per_node(b)))
         return self.curve(self.link_class(a, b, same_node), a.gpu_type, b.gpu_type, gpus)
 
+    def shape_profile(
+        self, link: LinkClass, gpu_type: str, gpus_per_node: int, measure: Measure
+    ) -> NetworkProfile | None:
+        """The measured `measure` profile between nodes of one GPU type and exactly this
+        shape (a node's collective or aggregate rate does not carry over to another shape)."""
+        key = (link, gpu_type, gpus_per_node, measure)
+        if key not in self._shape_profiles:
+            found = self.context.profiles.network_profile(
+                link, gpu_type, gpu_type, gpus_per_node, measure=measure
+            )
+            usable = (
+                found is not None
+                and found.provenance.source == "measured"
+                and found.gpus_per_node == gpus_per_node
+                and found.gpu_type == gpu_type
+                and found.peer_gpu_type in {gpu_type, ""}
+            )
+            self._shape_profiles[key] = found if usable else None
+        return self._shape_profiles[key]
+
     def node_nic_curve(self, gpu_type: str, gpus_per_node: int) -> BandwidthCurve:
         """What one node of `gpus_per_node` GPUs sends to another node of its zone.
 
-        The profile measured between VMs of exactly that shape when there is one; else one
-        measured on another shape of the same GPU, scaled by the ratio of the two shapes'
-        documented egress caps (catalog vm_egress_bytes_per_s); else the documented cap
-        itself (estimated).
+        The node's aggregate rate measured with all its GPUs sending at once (`concurrent`)
+        between VMs of exactly that shape when there is one; else the single flow measured
+        between VMs of that shape; else one measured on another shape of the same GPU,
+        scaled by the ratio of the two shapes' documented egress caps (catalog
+        vm_egress_bytes_per_s); else the documented cap itself (estimated).
         """
         key: tuple[LinkClass, str, str, int] = ("intra-zone", gpu_type, "nic", gpus_per_node)
         curve = self._curves.get(key)
@@ -332,7 +360,10 @@ class CostModel:
             profile = self.context.profiles.network_profile(
                 "intra-zone", gpu_type, gpu_type, gpus_per_node
             )
-            if profile is not None and profile.provenance.source == "measured":
+            concurrent = self.shape_profile("intra-zone", gpu_type, gpus_per_node, "concurrent")
+            if concurrent is not None:
+                curve = concurrent.curve
+            elif profile is not None and profile.provenance.source == "measured":
                 measured_on = profile.gpus_per_node or gpus_per_node
                 scale = cap / spec.node_egress_bytes_per_s(measured_on)
                 curve = scaled_curve(profile.curve, scale)
@@ -423,6 +454,7 @@ class CostModel:
             by_pool.setdefault(replica.pool, []).append(replica)
         ranks_per_node, nodes = 1, 0
         intra: list[tuple[BandwidthCurve, float]] = []
+        intra_busbw: list[BandwidthCurve | None] = []
         inter: list[BandwidthCurve] = []
         for members in by_pool.values():
             first = members[0]
@@ -433,6 +465,8 @@ class CostModel:
             ranks_per_node = max(ranks_per_node, on_busiest)
             if on_busiest > 1:
                 intra.append(self._intra_node_link(first.gpu_type, gpn))
+                bus = self.shape_profile("intra-node", first.gpu_type, gpn, "allreduce")
+                intra_busbw.append(bus.curve if bus is not None else None)
             share = min(1.0, on_busiest * tp / gpn)
             inter.append(scaled_curve(self.node_nic_curve(first.gpu_type, gpn), share))
         pools = [r for i, r in enumerate(ring) if i == 0 or r.pool != ring[i - 1].pool]
@@ -455,6 +489,7 @@ class CostModel:
         else:
             intra_curve, intra_latency = flat_curve(1e12), NVLINK_HOP_LATENCY_S
         cross_zone = len(zones) > 1
+        measured_intra = [c for c in intra_busbw if c is not None]
         return AllReduceLayout(
             ranks_per_node=ranks_per_node,
             nodes=nodes,
@@ -463,7 +498,79 @@ class CostModel:
             inter_node=slowest_inter,
             inter_hop_latency_s=NETWORK_HOP_LATENCY_S
             + (max(c.latency_s for c in inter) if cross_zone else 0.0),
+            intra_node_busbw=(
+                min(measured_intra, key=lambda c: (c.bytes_per_second(probe), c.coefficients))
+                if measured_intra and len(measured_intra) == len(intra_busbw)
+                else None
+            ),
+            collective_busbw=self._measured_collective(ring) if nodes > 1 else None,
         )
+
+    def _measured_collective(self, ring: Sequence[EndpointLike]) -> BandwidthCurve | None:
+        """The all-reduce measured across nodes of the group's one GPU type and node shape in
+        its one zone; None for a mixed or multi-zone group (measured on neither)."""
+        shapes = {(r.gpu_type, self.gpus_per_node(r), r.zone) for r in ring}
+        if len(shapes) != 1:
+            return None
+        ((gpu_type, gpn, _),) = shapes
+        found = self.shape_profile("intra-zone", gpu_type, gpn, "allreduce")
+        return found.curve if found is not None else None
+
+    def allreduce_inputs(
+        self, replicas: Sequence[EndpointLike], tp: int = 1
+    ) -> dict[str, tuple[Source, str]]:
+        """Which network inputs a stage's all-reduce rests on, measured or estimated, by
+        profile-store key (network/<link>/<gpu>/<gpu>/n<G>, the key a profiling Job of that
+        GPU type and node shape fills): the node's all-reduce inside it when replicas share
+        a node; across nodes the measured collective, else the node NIC it was priced from."""
+        if len(replicas) <= 1:
+            return {}
+        layout = self.allreduce_layout(replicas, tp)
+        inputs: dict[str, tuple[Source, str]] = {}
+        for replica in replicas:
+            gpu, gpn = replica.gpu_type, self.gpus_per_node(replica)
+            if layout.ranks_per_node > 1 and gpn > 1:
+                key = f"network/intra-node/{gpu}/{gpu}/n{gpn}"
+                inputs[key] = self._shape_source("intra-node", gpu, gpn, ("allreduce",))
+                if inputs[key][0] == "estimated":
+                    # the physics' per-GPU link: measured when a p2p curve was
+                    inputs[key] = self._flow_source("intra-node", gpu, gpn)
+            if layout.nodes > 1:
+                inputs.update(self.nic_inputs(replica))
+        if layout.collective_busbw is not None:
+            gpu, gpn = replicas[0].gpu_type, self.gpus_per_node(replicas[0])
+            key = f"network/intra-zone/{gpu}/{gpu}/n{gpn}"
+            inputs[key] = self._shape_source("intra-zone", gpu, gpn, ("allreduce",))
+        return inputs
+
+    def nic_inputs(self, endpoint: EndpointLike) -> dict[str, tuple[Source, str]]:
+        """The node NIC an endpoint's traffic across nodes is priced from (node_nic_curve):
+        measured when its node shape's concurrent flows were, or when a single flow was (the
+        curve node_nic_curve scales), else estimated from the catalog's egress cap."""
+        gpu, gpn = endpoint.gpu_type, self.gpus_per_node(endpoint)
+        key = f"network/intra-zone/{gpu}/{gpu}/n{gpn}"
+        source = self._shape_source("intra-zone", gpu, gpn, ("concurrent",))
+        return {
+            key: source if source[0] == "measured" else self._flow_source("intra-zone", gpu, gpn)
+        }
+
+    def _flow_source(
+        self, link: LinkClass, gpu_type: str, gpus_per_node: int
+    ) -> tuple[Source, str]:
+        """Measured when the p2p curve the physics uses for this link and shape was."""
+        flow = self.context.profiles.network_profile(link, gpu_type, gpu_type, gpus_per_node)
+        if flow is not None and flow.provenance.source == "measured":
+            return "measured", flow.provenance.date or flow.provenance.tool_version
+        return "estimated", "catalog"
+
+    def _shape_source(
+        self, link: LinkClass, gpu_type: str, gpus_per_node: int, measures: tuple[Measure, ...]
+    ) -> tuple[Source, str]:
+        for measure in measures:
+            found = self.shape_profile(link, gpu_type, gpus_per_node, measure)
+            if found is not None:
+                return "measured", found.provenance.date or found.provenance.tool_version
+        return "estimated", "catalog"
 
     def allreduce_seconds(
         self, nbytes: float, replicas: Sequence[EndpointLike], tp: int = 1

@@ -23,6 +23,7 @@ CostModel the search uses. The model, term by term:
 from __future__ import annotations
 
 from sailplan.planner.plan import Plan, Predictions, ProfileRef, Replica, StagePrediction
+from sailplan.planner.profiles.types import Source
 from sailplan.planner.simulator.context import PlanningContext
 from sailplan.planner.simulator.costs import one_f_one_b_seconds
 
@@ -193,4 +194,14 @@ def profile_refs(plan: Plan, context: PlanningContext) -> tuple[ProfileRef, ...]
         else:
             key = f"network/{link}/{a.gpu_type}/{b.gpu_type}"
             refs[key] = ProfileRef(key=key, source="estimated", version="catalog")
+    # What the network model priced from node shapes: the nodes' NICs under pipeline sends,
+    # each stage's all-reduce (inside nodes, across them, measured collective or not).
+    inputs: dict[str, tuple[Source, str]] = {}
+    for k in range(plan.pipeline_depth - 1):
+        for a, b in zip(plan.stages[k].replicas, plan.stages[k + 1].replicas, strict=True):
+            inputs |= costs.nic_inputs(a) | costs.nic_inputs(b)
+    for stage in plan.stages:
+        inputs |= costs.allreduce_inputs(stage.replicas, stage.tensor_parallel)
+    for key, (source, version) in inputs.items():
+        refs[key] = ProfileRef(key=key, source=source, version=version)
     return tuple(refs[key] for key in sorted(refs))

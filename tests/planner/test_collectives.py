@@ -125,3 +125,88 @@ def test_a_measured_link_between_two_gpu_types_bounds_their_mixed_group() -> Non
     assert layout.inter_node.max_bytes_per_s == pytest.approx(100e6)
     # a pipeline send between the two types crosses the same measured link
     assert context.costs.p2p_seconds(1e8, a, v) == pytest.approx(1.0, rel=0.01)
+
+
+def _bus(link: str, gpus_per_node: int, rate: float, measure: str = "allreduce") -> NetworkProfile:
+    return NetworkProfile.model_validate(
+        {
+            "link": link,
+            "gpu_type": "A100-40",
+            "peer_gpu_type": "A100-40",
+            "gpus_per_node": gpus_per_node,
+            "measure": measure,
+            "ranks": 2 * gpus_per_node,
+            "curve": flat_curve(rate),
+            "provenance": Provenance(source="measured", tool="sailplan-profile"),
+        }
+    )
+
+
+def measured_costs(*profiles: NetworkProfile, pool: Pool | None = None) -> CostModel:
+    cluster = ClusterSnapshot(pools=(pool or a100_pool(),))
+    context = PlanningContext(model=MODEL, cluster=cluster, profiles=ProfileSet(network=profiles))
+    return context.costs
+
+
+A100 = Endpoint("a", "A100-40", "us-central1-a")
+
+
+def test_a_measured_collective_prices_the_all_reduce_by_the_bus_bandwidth_formula() -> None:
+    grads = 2e8  # one bucket (DeepSpeed's 5e8) per TP group
+    replicas = [A100] * 4  # TP 4: two replicas per 8-GPU node, two nodes: 4 members
+    shard = grads / 4  # what each TP communicator reduces
+    for busbw in (2e9, 4e9):
+        costs = measured_costs(_bus("intra-zone", 8, busbw))
+        # nccl-tests: busbw = 2 (n - 1) / n x bytes / time, so time = 2 x 3/4 x shard / busbw
+        assert costs.allreduce_seconds(grads, replicas, tp=4) == pytest.approx(
+            2 * 3 / 4 * shard / busbw
+        )
+    physics = costs_for(a100_pool()).allreduce_seconds(grads, replicas, tp=4)
+    assert physics != pytest.approx(2 * 3 / 4 * shard / 2e9)
+
+
+def test_a_collective_measured_on_another_node_shape_is_not_used() -> None:
+    grads = 2e8
+    other_shape = measured_costs(_bus("intra-zone", 4, 1e9))
+    physics = costs_for(a100_pool())
+    assert other_shape.allreduce_layout([A100] * 4, tp=4).collective_busbw is None
+    assert other_shape.allreduce_seconds(grads, [A100] * 4, tp=4) == pytest.approx(
+        physics.allreduce_seconds(grads, [A100] * 4, tp=4)
+    )
+
+
+def test_a_measured_intra_node_all_reduce_prices_replicas_sharing_a_node() -> None:
+    grads = 2e8
+    costs = measured_costs(_bus("intra-node", 8, 50e9))
+    # two TP-4 replicas on one 8-GPU node: 2 members, each shard reduced at the node's busbw
+    assert costs.allreduce_seconds(grads, [A100] * 2, tp=4) == pytest.approx(
+        2 * 1 / 2 * (grads / 4) / 50e9
+    )
+
+
+def test_measured_concurrent_flows_are_the_nodes_nic_rate() -> None:
+    costs = measured_costs(_bus("intra-zone", 8, 7e9, measure="concurrent"))
+    assert costs.node_nic_curve("A100-40", 8).bytes_per_second(64e6) == pytest.approx(7e9)
+    # a 4-GPU node was not measured: its documented egress cap, not the 8-GPU measurement
+    assert costs.node_nic_curve("A100-40", 4).bytes_per_second(64e6) != pytest.approx(7e9)
+
+
+def test_the_all_reduce_inputs_say_which_were_estimated() -> None:
+    replicas = [A100] * 4  # two per node, two nodes
+    estimated = costs_for(a100_pool()).allreduce_inputs(replicas, tp=4)
+    assert {key: source for key, (source, _) in estimated.items()} == {
+        "network/intra-node/A100-40/A100-40/n8": "estimated",
+        "network/intra-zone/A100-40/A100-40/n8": "estimated",
+    }
+    measured = measured_costs(
+        _bus("intra-node", 8, 50e9),
+        _bus("intra-zone", 8, 5e9),
+        _bus("intra-zone", 8, 7e9, measure="concurrent"),
+    ).allreduce_inputs(replicas, tp=4)
+    assert {source for source, _ in measured.values()} == {"measured"}
+    assert set(measured) == set(estimated)
+    # single flows measured (a Sailor import): the physics ran on measured curves
+    flows_only = measured_costs(
+        _bus("intra-node", 8, 50e9, measure="p2p"), _bus("intra-zone", 8, 5e9, measure="p2p")
+    ).allreduce_inputs(replicas, tp=4)
+    assert {source for source, _ in flows_only.values()} == {"measured"}

@@ -242,11 +242,16 @@ def test_profile_refs_list_what_the_prediction_used_and_flag_estimates() -> None
     assert refs["compute/tiny/A100-40/tp1/mbs1"] == "measured"
     assert refs["compute/tiny/V100-16/tp1/mbs1"] == "measured"
     assert refs["network/intra-zone"] == "measured"  # the generic same-zone profile
+    # the nodes' NICs under the pipeline and the all-reduce, by node shape: priced from the
+    # measured same-zone flow, so measured
+    nics = {"network/intra-zone/A100-40/A100-40/n1", "network/intra-zone/V100-16/V100-16/n1"}
     assert set(refs) == {
         "compute/tiny/A100-40/tp1/mbs1",
         "compute/tiny/V100-16/tp1/mbs1",
         "network/intra-zone",
+        *nics,
     }
+    assert {refs[key] for key in nics} == {"measured"}
 
 
 def test_a_pool_missing_from_the_cluster_is_a_clear_error() -> None:
