@@ -42,8 +42,17 @@ class DataConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: Literal["synthetic", "token-file"] = "synthetic"
-    path: str = Field(default="", description="memory-mapped token file (kind token-file)")
+    path: str = Field(
+        default="",
+        description="token file (kind token-file): a path or fsspec URL (file://, gs:// with "
+        "gcsfs installed, memory://); raw uint16/uint32 tokens, optional <path>.json sidecar",
+    )
     seed: int = 0
+    # 2 = double buffering: the next step is read while this one computes, with one more
+    # step of slack for a slow request
+    prefetch_steps: int = Field(
+        default=2, ge=0, le=64, description="steps read ahead on a background thread; 0 = none"
+    )
 
 
 class TrainerConfig(BaseModel):

@@ -6,22 +6,30 @@ global batch `G` consumes samples `[s*G, (s+1)*G)`; pipeline `r` takes the r-th 
 data position in a checkpoint is therefore just the step, and a resumed run under a
 different plan reads exactly the samples the uninterrupted run would have read.
 
+With pipeline_micro_batches (an uneven split) pipeline r takes
+`micro_batch_size * plan.micro_batches_of(r)` samples from `plan.first_sample_of(r)`.
+
 Two sources: a synthetic stream (a pure function of seed and index: each sample is an
 arithmetic progression modulo the vocabulary with a random start and stride, plus sparse
-noise, so the loss has somewhere to go) and a memory-mapped token file (numpy memmap of
-uint16/uint32 tokens; sample i is the window starting at i * sequence_length, wrapping).
-Called by the pipeline schedule (first stage: inputs; last stage: targets).
+noise, so the loss has somewhere to go) and a token file at any fsspec URL, read by byte
+ranges in a seeded order (sailplan.trainer.tokenfile). StepBatches reads one step's samples
+of one replica at once, on a prefetch thread (sailplan.trainer.prefetch); the engine's
+micro-batch function slices it for the pipeline schedule (first stage: inputs; last stage:
+targets; middle stages read nothing).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
 import torch
 
+from sailplan.planner.plan import Plan
 from sailplan.planner.workerenv import DataConfig
+from sailplan.trainer.prefetch import Prefetcher
+from sailplan.trainer.tokenfile import FsspecTokens
 
 _STRIDES = 7
 _NOISE = 0.05
@@ -29,6 +37,8 @@ _NOISE = 0.05
 
 class TokenSource(Protocol):
     def sample(self, index: int) -> np.ndarray: ...
+
+    def read(self, indices: Sequence[int]) -> np.ndarray: ...
 
 
 class SyntheticTokens:
@@ -46,27 +56,13 @@ class SyntheticTokens:
         tokens[noisy] = rng.integers(self.vocab_size, size=int(noisy.sum()))
         return tokens
 
-
-class TokenFile:
-    """A flat binary file of tokens, memory-mapped (uint16 if the vocabulary fits, else uint32)."""
-
-    def __init__(self, path: str | Path, vocab_size: int, sequence_length: int) -> None:
-        dtype = np.uint16 if vocab_size <= 2**16 else np.uint32
-        self.tokens = np.memmap(path, dtype=dtype, mode="r")
-        self.length = sequence_length + 1
-        self.stride = sequence_length
-        if len(self.tokens) < self.length:
-            raise ValueError(f"{path}: {len(self.tokens)} tokens, fewer than one sample")
-        self.windows = (len(self.tokens) - self.length) // self.stride + 1
-
-    def sample(self, index: int) -> np.ndarray:
-        start = (index % self.windows) * self.stride
-        return np.asarray(self.tokens[start : start + self.length], dtype=np.int64)
+    def read(self, indices: Sequence[int]) -> np.ndarray:
+        return np.stack([self.sample(i) for i in indices]).reshape(len(indices), self.length)
 
 
 def make_source(config: DataConfig, vocab_size: int, sequence_length: int) -> TokenSource:
     if config.kind == "token-file":
-        return TokenFile(config.path, vocab_size, sequence_length)
+        return FsspecTokens(config.path, vocab_size, sequence_length, config.seed)
     return SyntheticTokens(vocab_size, sequence_length, config.seed)
 
 
@@ -89,3 +85,35 @@ def micro_batch(
     rows = np.stack([source.sample(first + i) for i in range(micro_batch_size)])
     batch = torch.from_numpy(rows)
     return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
+
+
+def replica_samples(plan: Plan, step: int, replica: int) -> range:
+    """The global sample indices pipeline `replica` trains on at `step`."""
+    first = step * plan.global_batch_size + plan.first_sample_of(replica)
+    return range(first, first + plan.micro_batch_size * plan.micro_batches_of(replica))
+
+
+class StepBatches:
+    """One replica's samples per step, read `depth` steps ahead on a background thread."""
+
+    def __init__(
+        self, source: TokenSource, plan: Plan, replica: int, *, first: int, last: int, depth: int
+    ) -> None:
+        self.plan, self.replica = plan, replica
+        self.source = source  # before the thread starts: it reads it
+        self.prefetch: Prefetcher[np.ndarray] = Prefetcher(self._fetch, first, last, depth)
+
+    def _fetch(self, step: int) -> np.ndarray:
+        return self.source.read(replica_samples(self.plan, step, self.replica))
+
+    def step(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The step's micro-batches as (inputs, targets), [micro_batch_size, seq] int64."""
+        rows = torch.from_numpy(self.prefetch.get(step))
+        size = self.plan.micro_batch_size
+        return [
+            (rows[m : m + size, :-1].contiguous(), rows[m : m + size, 1:].contiguous())
+            for m in range(0, rows.shape[0], size)
+        ]
+
+    def close(self) -> None:
+        self.prefetch.close()

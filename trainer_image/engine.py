@@ -38,6 +38,7 @@ from sailplan.trainer.optimizer import make_optimizer
 from sailplan.trainer.progress import Reporter
 from sailplan.trainer.schedule import MicroBatchFn, PipelineComm, run_1f1b
 from sailplan.trainer.stopping import StopSignal
+from sailplan.trainer.tokenfile import DataError
 from sailplan.trainer.tp import TPGroup
 
 
@@ -131,9 +132,17 @@ class Trainer:
             tp_group=self.groups.tp_handle,
             num_micro_batches=plan.num_micro_batches,
         )
-        self.source = data_mod.make_source(
-            config.data, plan.model.vocab_size, plan.model.sequence_length
-        )
+        # Only the pipeline ends read data; opening here fails fast on a bad URL.
+        self.reads_data = self.layout.is_first_stage or self.layout.is_last_stage
+        self.source: data_mod.TokenSource | None = None
+        if self.reads_data:
+            try:
+                self.source = data_mod.make_source(
+                    config.data, plan.model.vocab_size, plan.model.sequence_length
+                )
+            except DataError as error:
+                raise SystemExit(f"sailplan-train: rank {rank}: {error}") from None
+        self.batches: data_mod.StepBatches | None = None
         self.comm = PipelineComm(
             layout=self.layout,
             tp_group=self.groups.tp_handle,
@@ -225,18 +234,15 @@ class Trainer:
     # -- the loop --------------------------------------------------------------------------
 
     def _micro_batch(self, step: int) -> MicroBatchFn:
-        plan = self.plan
+        micros: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if self.batches is not None:
+            try:
+                micros = self.batches.step(step)
+            except DataError as error:
+                raise SystemExit(f"sailplan-train: rank {self.rank}: {error}") from None
 
         def fetch(micro: int) -> tuple[torch.Tensor, torch.Tensor]:
-            inputs, targets = data_mod.micro_batch(
-                self.source,
-                step=step,
-                replica=self.layout.replica,
-                micro=micro,
-                micro_batch_size=plan.micro_batch_size,
-                num_micro_batches=plan.num_micro_batches,
-                global_batch_size=plan.global_batch_size,
-            )
+            inputs, targets = micros[micro]
             return inputs.to(self.device), targets.to(self.device)
 
         return fetch
@@ -281,6 +287,22 @@ class Trainer:
     def run(self) -> str:
         """Train to config.steps or until asked to stop; returns why it ended."""
         start = self.restore()
+        if self.source is not None:
+            self.batches = data_mod.StepBatches(
+                self.source,
+                self.plan,
+                self.layout.replica,
+                first=start,
+                last=self.config.steps,
+                depth=self.config.data.prefetch_steps,
+            )
+        try:
+            return self._loop(start)
+        finally:
+            if self.batches is not None:
+                self.batches.close()
+
+    def _loop(self, start: int) -> str:
         interval = self.config.checkpoint_interval_steps
         reason = "finished"
         for step in range(start, self.config.steps):
