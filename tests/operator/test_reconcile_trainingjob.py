@@ -523,7 +523,7 @@ def test_no_capacity_left_waits_with_the_reason_and_resumes_when_it_returns(
     assert waiting.status.phase == "Unschedulable"
     assert _reason(waiting.status, "Unschedulable") == ("True", "NoCapacity")
     condition = find_condition(waiting.status.conditions, "Unschedulable")
-    assert condition is not None and "no free ready GPU nodes" in condition.message
+    assert condition is not None and "no free or obtainable GPU nodes" in condition.message
     assert waiting.create == ()
     assert (waiting.status.restarts, waiting.status.preemptions) == (0, 0)  # nothing switched yet
     # Nothing changes: it keeps waiting without asking the planner.
