@@ -48,6 +48,8 @@ from sailplan.planner.simulator.costs import CostModel, Endpoint
 GIB = 1024**3
 # the first bar a triple is solved under, relative to its optimistic bound (see _pass)
 _GUESS = 1.25
+# powers of per-GPU speed tried as GPU-type weights by the DP's work bound (_weightings)
+_WEIGHT_POWERS = (0.0, 1.0, 2.0)
 
 
 def _divisors(n: int) -> list[int]:
@@ -387,6 +389,40 @@ class Search:
         capacity = {g: sum(p.gpus for p in self.pools if p.gpu_type == g) for g in value_by_type}
         return _SpeedBound(dp, value_by_type, value_per_gpu, capacity, exclusive)
 
+    def _weightings(
+        self,
+        speed: _SpeedBound,
+        servers: list[KindServers],
+        type_servers: list[TypeServers],
+    ) -> list[stagedp.Weighting]:
+        """GPU-type weights for the DP's capacity-aware work bound (stagedp.work_lower).
+
+        A weight per type of its best per-GPU speed to a few powers: no single power is
+        tightest on every cluster, and each is valid because a kind (and a slot) is given
+        the least weight of the pools that may serve it. Power 0 is the plain GPU count.
+        """
+        out = []
+        for power in _WEIGHT_POWERS:
+            weight = {
+                p.gpu_type: speed.value_per_gpu.get(p.gpu_type, 0.0) ** power for p in self.pools
+            }
+            if min(weight.values()) <= 0.0:
+                continue
+            out.append(
+                stagedp.Weighting(
+                    kind=[
+                        min((weight[self.pools[i].gpu_type] for i in sv.pools), default=0.0)
+                        for sv in servers
+                    ],
+                    slot=[
+                        min((weight[self.pools[i].gpu_type] for i in ts.pools), default=0.0)
+                        for ts in type_servers
+                    ],
+                    capacity=sum(weight[p.gpu_type] * p.gpus for p in self.pools),
+                )
+            )
+        return out
+
     def servers(self, keys: list[_KindKey], tables: list[KindTables]) -> list[KindServers]:
         """Per kind: pools of its own type or of a helper type (see capacity.py)."""
         out: list[KindServers] = []
@@ -625,6 +661,7 @@ class Search:
         def kind_allowed(usage: tuple[int, ...], k: int) -> bool:
             return all(any(usage[i] for i in slots) for slots in twins_of_kind[k])
 
+        weightings = self._weightings(speed, servers, type_servers)
         self.stats.dp_runs += 1
         common = {
             "num_layers": self.num_layers,
@@ -643,6 +680,7 @@ class Search:
             "stage_speed": lambda usage, r: speed.remaining(slot_keys, usage, r),
             "kind_allowed": kind_allowed if any(twins_of_kind) else None,
             "expired": self._out_of_time if self.deadline is not None else None,
+            "weightings": weightings,
         }
         try:
             results = stagedp.solve(limit=limit, **common)  # type: ignore[arg-type]

@@ -55,6 +55,21 @@ class DPResult:
     kinds: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class Weighting:
+    """Weights that make GPU-seconds of different GPU types comparable (see work_lower).
+
+    kind[k]: weight of one GPU-second of a stage of kind k on its own type; slot[i]: the
+    least weight of any GPU a stage of usage slot i may run on (its own type or a faster
+    helper), so at most capacity - sum(usage[i] * slot[i]) weighted GPUs are left. Valid
+    for any weights with kind[k] <= the weight of every pool that may serve kind k.
+    """
+
+    kind: list[float]
+    slot: list[float]
+    capacity: float
+
+
 @dataclass(slots=True)
 class _Label:
     closed: float  # largest cycle of the stages whose both neighbours are known
@@ -124,6 +139,7 @@ def _usage_entry(
     min_hop: float,
     num_layers: int,
     no_spread: list[float],
+    work_after: Sequence[tuple[npt.NDArray[np.float64], Weighting]] = (),
 ) -> tuple[float, list[float]] | None:
     """A grown usage's time limit and, per end layer, the least cycle the stages still to
     come force (None: the usage can never be served or can never matter)."""
@@ -152,9 +168,49 @@ def _usage_entry(
         # e_j are 2 but for the last stage (v_last <= best_one), sum_j v_j <= speed
         heavy_left = heavy - min_hop * best_one
         weighted = np.where(heavy_left >= 0.0, heavy_left / speed + 2.0 * min_hop, 0.0)
-        spreads: list[float] = np.maximum(spread, weighted).tolist()
+        spread = np.maximum(spread, weighted)
+        # the stages still to come share the weighted GPUs left: the slowest of them
+        # takes at least their weighted GPU-seconds over that (see work_lower)
+        for work, weighting in work_after:
+            left = weighting.capacity - sum(
+                used * w for used, w in zip(usage, weighting.slot, strict=True)
+            )
+            share = work[:num_layers] / left if left > 0 else np.full(num_layers, np.inf)
+            spread = np.maximum(spread, share + min_hop)
+        spreads: list[float] = spread.tolist()
     spreads.append(0.0)
     return bound, spreads
+
+
+def work_lower(
+    fits_lists: Sequence[Sequence[Sequence[Sequence[bool]]]],
+    kinds: Sequence[Kind],
+    weights: Sequence[float],
+) -> list[npt.NDArray[np.float64]]:
+    """[s][b] = least weighted GPU-seconds per micro-batch of stages s..P-1 covering
+    layers [b, L), each on a kind that holds its layers in memory at its position.
+
+    Why: the cycle C is at least every stage's time t_j, so C times the weighted GPUs
+    still free is at least sum_j t_j * GPUs_j * weight_j. Deep pipelines of large models
+    are capacity-bound: memory forces high TP (fewer layers per GPU-second) on early
+    stages and the fast type is scarce, which neither the per-layer balance nor the
+    memory-blind speed bound sees. Capacity per type enters only through the weights and
+    the free total, so this is a lower bound, and pruning with it stays exact.
+    """
+    depth = len(fits_lists)
+    matrices = [np.asarray(k.compute) * (k.gpus * w) for k, w in zip(kinds, weights, strict=True)]
+    n = matrices[0].shape[0]  # L + 1 boundaries
+    after = np.full(n, np.inf)
+    after[n - 1] = 0.0
+    out = [after]
+    for s in range(depth - 1, -1, -1):
+        stage = np.full((n, n), np.inf)
+        for kind_fits, cost in zip(fits_lists[s], matrices, strict=True):
+            stage = np.where(np.asarray(kind_fits, dtype=bool), np.minimum(stage, cost), stage)
+        after = (stage + after[None, :]).min(axis=1)
+        out.append(after)
+    out.reverse()
+    return out
 
 
 class DeadlineReachedError(Exception):
@@ -180,6 +236,7 @@ def solve(
     stage_speed: Callable[[Usage, int], float],
     kind_allowed: Callable[[Usage, int], bool] | None = None,
     expired: Callable[[], bool] | None = None,
+    weightings: Sequence[Weighting] = (),
 ) -> list[DPResult]:
     """Minimum iteration time per feasible (usage, last kind) for a P = depth pipeline.
 
@@ -196,6 +253,8 @@ def solve(
     split_lower[r][b] the slowest of r stages covering layers [b, L). kind_allowed(usage, k)
     may forbid kind k after `usage` (the caller's symmetry breaking). expired() is asked
     once per stage position; when it says so, DeadlineReachedError is raised.
+    weightings: GPU-type weights for the capacity-aware work bound (work_lower); each
+    must satisfy Weighting's condition.
     """
     m1 = micro_batches - 1
     # python lists: the loops below index single entries, much faster than numpy scalars
@@ -218,6 +277,7 @@ def solve(
                 for end in range(num_layers + 1)
             ]
         )
+    works = [(work_lower(fits_lists, kinds, w.kind), w) for w in weightings]
     zero: Usage = (0,) * num_slots
     # state: (first free layer, usage, last kind or -1) -> Pareto front
     fronts: dict[tuple[int, Usage, int], list[_Label]] = {
@@ -267,6 +327,7 @@ def solve(
                         min_hop=min_hop,
                         num_layers=num_layers,
                         no_spread=no_spread,
+                        work_after=[(work[s + 1], w) for work, w in works],
                     )
                 if entry is None:
                     continue
