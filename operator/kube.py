@@ -56,6 +56,18 @@ class Kube:
         items: list[dict[str, Any]] = body.get("items", [])
         return items
 
+    def list_unbound_workers(self) -> list[dict[str, Any]]:
+        """Every namespace's worker pods not bound to a node yet: the capacity other jobs'
+        plans reserve, read fresh (a watch may not have delivered a pod created just now)."""
+        items: list[dict[str, Any]] = self._json(
+            self.core.list_pod_for_all_namespaces(
+                label_selector=naming.LABEL_GPUPOOL,
+                field_selector="spec.nodeName=",
+                _preload_content=False,
+            )
+        ).get("items", [])
+        return items
+
     def list_job_children(
         self, namespace: str, job: str
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:

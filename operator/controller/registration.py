@@ -33,7 +33,13 @@ from sailplan.operator.kube import Kube
 from sailplan.operator.profilestore import ParsedConfigMap
 from sailplan.operator.profiling.jobs import ROLE_PROFILER
 from sailplan.operator.reconcile import naming
-from sailplan.operator.reconcile.nodes import NodeInfo, node_info, pod_gpu_request, requested_gpus
+from sailplan.operator.reconcile.nodes import (
+    NodeInfo,
+    node_info,
+    pod_gpu_request,
+    pod_gpu_reservation,
+    requested_gpus,
+)
 
 log = logging.getLogger("sailplan.operator")
 
@@ -114,11 +120,16 @@ def build_registry(config: OperatorConfig, api_client: client.ApiClient) -> kopf
         return {name: node_info(body)}
 
     @kopf.index("pods", id="gpus", registry=registry)
-    async def gpus(body: kopf.Body, **_: Any) -> dict[str, int]:
+    async def gpus(body: kopf.Body, **_: Any) -> dict[str | tuple[str, str], int]:
+        # Keyed by node name for a bound pod's GPUs, by (GPUPool, zone) for the GPUs an
+        # unbound worker reserves.
         usage = pod_gpu_request(body)
+        if usage:
+            return {usage[0]: usage[1]}
+        reservation = pod_gpu_reservation(body)
         # An empty mapping, not None: Kopf keeps an object's previous value when the index
         # function returns None, so a pod that finished would hold its GPUs forever.
-        return {usage[0]: usage[1]} if usage else {}
+        return {reservation[:2]: reservation[2]} if reservation else {}
 
     @kopf.index(GROUP, pool_api.PLURAL, id="pools", registry=registry)
     async def pools(body: kopf.Body, name: str, **_: Any) -> dict[str, dict[str, Any]]:

@@ -11,6 +11,7 @@ queue and the indices are rebuilt from the cluster on start.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable
@@ -40,7 +41,8 @@ from sailplan.operator.kube import Kube
 from sailplan.operator.planning import PlanningService
 from sailplan.operator.profilestore import ProfileStore
 from sailplan.operator.reconcile.gpupool import pool_status
-from sailplan.operator.reconcile.nodes import NodeInfo
+from sailplan.operator.reconcile.nodes import NodeInfo, pod_gpu_reservation
+from sailplan.operator.reconcile.snapshot import with_reservations
 from sailplan.operator.reconcile.trainingjob import Outcome, invalid_status, merge_patch, reconcile
 
 log = logging.getLogger("sailplan.operator")
@@ -64,6 +66,7 @@ class Runtime:
     queue: WorkQueue = field(init=False)
     pools: Coalesced = field(init=False)
     _stopping: bool = field(default=False, init=False)
+    capacity_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
 
     def __post_init__(self) -> None:
         self.queue = WorkQueue(self.reconcile_job, self.config.retry)
@@ -89,7 +92,14 @@ class Runtime:
         if nodes_index is None or gpu_index is None or pools_index is None:
             return
         nodes: list[NodeInfo] = [info for store in nodes_index.values() for info in store]
-        in_use = {node: sum(store) for node, store in gpu_index.items()}
+        in_use: dict[str, int] = {}
+        reserved: dict[str, dict[str, int]] = {}  # GPUPool -> zone -> GPUs
+        for key, store in gpu_index.items():
+            if isinstance(key, tuple):
+                pool_name, zone = key
+                reserved.setdefault(pool_name, {})[zone] = sum(store)
+            else:
+                in_use[key] = sum(store)
         now = _now()
         changed = False
         for name, store in sorted(pools_index.items()):
@@ -101,7 +111,9 @@ class Runtime:
                         "GPUPool does not parse", extra={"gpupool": name, "error": str(error)}
                     )
                     continue
-                status = pool_status(pool, nodes, in_use, self.config.catalog, now)
+                status = pool_status(
+                    pool, nodes, in_use, self.config.catalog, now, reserved=reserved.get(name)
+                )
                 if status == pool.status:
                     continue
                 patch = merge_patch(
@@ -174,22 +186,30 @@ class Runtime:
             self.indices.get("profiles"),
             self.config.profile_namespace,
         )
-        observed = await observe(self.kube, parsed.job, measured, nodes)
-        outcome = await run_blocking(
-            reconcile,
-            observed,
-            self.planning.planner((namespace, name, parsed.job.uid)),
-            self.config.catalog,
-            now,
-            self.config.replan,
-        )
-        await apply_outcome(
-            self.kube,
-            ref,
-            raw_status=parsed.raw_status,
-            outcome=outcome,
-            requeue_after=self._requeue_later(key),
-        )
+        # One job at a time from reading capacity to creating its pods: the next job's
+        # pass then reads those pods as reserved, so two jobs never plan onto the same GPUs.
+        async with self.capacity_lock:
+            observed = await observe(self.kube, parsed.job, measured, nodes)
+            unbound = await run_blocking(self.kube.list_unbound_workers)
+            reservations = [r for r in map(pod_gpu_reservation, unbound) if r is not None]
+            observed = dataclasses.replace(
+                observed, pools=with_reservations(observed.pools, reservations)
+            )
+            outcome = await run_blocking(
+                reconcile,
+                observed,
+                self.planning.planner((namespace, name, parsed.job.uid)),
+                self.config.catalog,
+                now,
+                self.config.replan,
+            )
+            await apply_outcome(
+                self.kube,
+                ref,
+                raw_status=parsed.raw_status,
+                outcome=outcome,
+                requeue_after=self._requeue_later(key),
+            )
         if outcome.collect and await collect_results(
             self.kube, ref, outcome.collect, self.config.profile_namespace
         ):

@@ -2,7 +2,9 @@
 
 The handlers keep Kopf indices of these small records instead of whole Node and Pod
 objects (a 500-node cluster stays cheap to hold and to scan); the GPUPool status is
-computed from them by gpupool.py.
+computed from them by gpupool.py. A worker pod that is created but not bound yet holds no
+node's GPUs but will take some in its pool and zone: `pod_gpu_reservation` counts it, so
+that capacity is reserved until the pod binds or is deleted.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sailplan.operator.api.gpupool import GPU_RESOURCE, ZONE_LABEL
+from sailplan.operator.reconcile.naming import LABEL_GPUPOOL
 
 
 @dataclass(frozen=True)
@@ -88,3 +91,40 @@ def pod_gpu_request(body: Mapping[str, Any]) -> tuple[str, int] | None:
         return None
     gpus = requested_gpus(body)
     return (str(node), gpus) if gpus else None
+
+
+def _pinned_zone(spec: Mapping[str, Any]) -> str | None:
+    """The one zone a pod's required node affinity allows, if it names exactly one."""
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    zones = {
+        value
+        for term in required.get("nodeSelectorTerms") or ()
+        for expression in term.get("matchExpressions") or ()
+        if expression.get("key") == ZONE_LABEL and expression.get("operator") == "In"
+        for value in expression.get("values") or ()
+    }
+    return next(iter(zones)) if len(zones) == 1 else None
+
+
+def pod_gpu_reservation(body: Mapping[str, Any]) -> tuple[str, str, int] | None:
+    """(GPUPool, zone, GPUs) a created but unbound worker pod will take, else None.
+
+    Only the operator's workers (labelled with their GPUPool, pinned to one zone by node
+    affinity); a bound, finished or deleting pod reserves nothing.
+    """
+    metadata = body.get("metadata") or {}
+    pool = (metadata.get("labels") or {}).get(LABEL_GPUPOOL)
+    spec = body.get("spec") or {}
+    phase = (body.get("status") or {}).get("phase")
+    if (
+        not pool
+        or spec.get("nodeName")
+        or phase in ("Succeeded", "Failed")
+        or metadata.get("deletionTimestamp")
+    ):
+        return None
+    zone = _pinned_zone(spec)
+    gpus = requested_gpus(body)
+    return (str(pool), zone, gpus) if zone and gpus else None

@@ -6,9 +6,10 @@ message for the status history and Events, and says whether it is involuntary (t
 current plan cannot go on: switch at once, never delayed by the cooldown) and whether the
 workers are still alive to write a checkpoint first (graceful).
 
-The cluster view for replanning is `capacity_snapshot`: the GPUPools' free nodes PLUS the
-schedulable nodes this job's own workers hold, because a running job sees its own nodes as
-"in use" and would otherwise think capacity vanished the moment it started.
+The cluster view for replanning is `capacity_snapshot`: the GPUPools' free (and
+obtainable) nodes PLUS the schedulable nodes this job's own workers hold and the GPUs its
+own unbound workers reserve, because a job sees its own nodes and reservations as "in use"
+and would otherwise think capacity vanished the moment it started.
 
 Called by replan.machine; the caller builds WorkerPod records with pod_facts().
 """
@@ -26,7 +27,7 @@ from sailplan.operator.api.gpupool import GPUPool
 from sailplan.operator.api.trainingjob import TrainingJobSpec
 from sailplan.operator.reconcile import naming
 from sailplan.operator.reconcile.children import controller_uid
-from sailplan.operator.reconcile.nodes import NodeInfo
+from sailplan.operator.reconcile.nodes import NodeInfo, pod_gpu_reservation
 from sailplan.operator.reconcile.snapshot import build_snapshot
 from sailplan.planner.cluster import ClusterSnapshot
 from sailplan.planner.plan import Plan
@@ -86,6 +87,8 @@ class WorkerPod:
     checkpoint_request: str | None = None
     progress: TrainerProgress | None = None
     owner_uid: str = ""  # the controlling TrainingJob's uid
+    # (GPUPool, zone, GPUs) while created and not bound: capacity it reserves
+    reservation: tuple[str, str, int] | None = None
 
     @property
     def key(self) -> str:
@@ -148,6 +151,7 @@ def pod_facts(body: Mapping[str, Any]) -> WorkerPod | None:
         exit_code=exit_code,
         checkpoint_request=annotations.get(CHECKPOINT_REQUEST_ANNOTATION),
         progress=progress,
+        reservation=pod_gpu_reservation(body),
     )
 
 
@@ -215,14 +219,21 @@ def classify_pods(pods: Iterable[WorkerPod], nodes: Mapping[str, NodeInfo]) -> P
 def capacity_snapshot(
     pools: Sequence[GPUPool], own_pods: Iterable[WorkerPod], nodes: Mapping[str, NodeInfo]
 ) -> ClusterSnapshot:
-    """The selected GPUPools' free nodes plus the schedulable nodes this job's workers hold.
+    """The selected GPUPools' free and obtainable nodes plus the schedulable nodes this job's
+    workers hold and the GPUs its unbound workers reserve.
 
     Pass the GPUPools the job selects (reconcile.snapshot.select_pools). A node holding
     several of the job's workers counts once; a node that is NotReady or cordoned does not
-    count (it is exactly the capacity being lost).
+    count (it is exactly the capacity being lost). Every other job's unbound workers stay
+    reserved (the statuses' gpusReserved).
     """
+    own_reserved: dict[str, int] = {}
     held: dict[tuple[str, str], set[str]] = {}
     for pod in own_pods:
+        if pod.reservation is not None:
+            pool_name, zone_name, gpus = pod.reservation
+            key = naming.pool_key(pool_name, zone_name)
+            own_reserved[key] = own_reserved.get(key, 0) + gpus
         node = nodes.get(pod.node) if pod.node else None
         if node is None or not node.schedulable or pod.finished or not pod.gpupool:
             continue
@@ -242,7 +253,14 @@ def capacity_snapshot(
         )
         status = pool.status.model_copy(update={"zones": zones})
         adjusted.append(pool.model_copy(update={"status": status}))
-    return build_snapshot(adjusted)
+    reserved = {
+        naming.pool_key(pool.name, zone.zone): max(
+            0, zone.gpus_reserved - own_reserved.get(naming.pool_key(pool.name, zone.zone), 0)
+        )
+        for pool in pools
+        for zone in pool.status.zones
+    }
+    return build_snapshot(adjusted, reserved=reserved)
 
 
 def nodes_needed(tensor_parallel: Sequence[int], gpus_per_node: int) -> int:
