@@ -1,0 +1,178 @@
+"""Autoscaled GPUPools with the real operator against a real API server: a job on a pool at
+zero nodes plans on capacity the pool may add and creates its pods pinned to pool and zone
+(which is what makes an autoscaler add nodes); nodes appearing make them Running; two jobs
+submitted together on a pool that fits only one never both get pods for the same GPUs, and
+the second plans once the first is gone (nothing stays reserved).
+
+Nodes are added by hand, as the cluster autoscaler would add them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from kubernetes import client
+from operator_process import OperatorProcess
+from test_operator_cluster import get_job, job_body, pods_of
+from waiting import wait_for
+
+from sailplan.operator.api.common import GROUP, VERSION
+from sailplan_dev.localcluster.nodes import NodePool, node_manifest
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+ZONE = "us-central1-a"
+
+
+def grown_pool(name: str) -> NodePool:
+    """The GKE node pool the autoscaler would grow: a2-highgpu-4g nodes (4 A100s)."""
+    return NodePool(
+        name=name,
+        accelerator="nvidia-tesla-a100",
+        gpus_per_node=4,
+        machine_type="a2-highgpu-4g",
+        zones={ZONE: 0},
+    )
+
+
+def autoscaling(max_nodes: int) -> dict[str, Any]:
+    return {
+        "autoscaling": {
+            "zones": [ZONE],
+            "machineType": "a2-highgpu-4g",
+            "maxNodesPerZone": max_nodes,
+            "provisioningSeconds": 120,
+        }
+    }
+
+
+def pool_status(k8s_api: Any, pool: str) -> dict[str, Any]:
+    status: dict[str, Any] = (
+        client.CustomObjectsApi(k8s_api)
+        .get_cluster_custom_object(GROUP, VERSION, "gpupools", pool)
+        .get("status")
+        or {}
+    )
+    return status
+
+
+def submit(k8s_api: Any, namespace: str, name: str, pool: str) -> None:
+    client.CustomObjectsApi(k8s_api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "trainingjobs", job_body(namespace, name, [pool])
+    )
+
+
+def zone_of(pod: Any) -> str:
+    terms = pod.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution
+    (term,) = terms.node_selector_terms
+    (zone,) = [e.values for e in term.match_expressions if e.key == "topology.kubernetes.io/zone"]
+    assert len(zone) == 1
+    return str(zone[0])
+
+
+def pod_gpus(pods: list[Any]) -> int:
+    return sum(int(p.spec.containers[0].resources.limits["nvidia.com/gpu"]) for p in pods)
+
+
+def test_a_job_on_a_pool_at_zero_nodes_plans_and_runs_once_nodes_come(
+    k8s_api: Any,
+    namespace: str,
+    operator: OperatorProcess,
+    gpupools: Callable[..., str],
+    local_cluster: Any,
+) -> None:
+    node_pool = f"grow-{uuid.uuid4().hex[:6]}"
+    pool = gpupools(node_pool, **autoscaling(2))
+    status = wait_for(
+        "pool status with possible capacity",
+        lambda: pool_status(k8s_api, pool) if pool_status(k8s_api, pool).get("zones") else None,
+        90,
+    )
+    assert (status["gpuType"], status["nodesTotal"], status["gpusPossible"]) == ("A100-40", 0, 8)
+
+    submit(k8s_api, namespace, "grow", pool)
+    pods = wait_for(
+        "worker pods created",
+        lambda: pods_of(k8s_api, namespace, "grow") or None,
+        180,
+    )
+    try:
+        assert all(p.spec.node_name is None and p.status.phase == "Pending" for p in pods)
+        assert {zone_of(p) for p in pods} == {ZONE}
+        assert 0 < pod_gpus(pods) <= 8
+        wait_for(
+            "every worker's GPUs reserved in the pool status",
+            lambda: pool_status(k8s_api, pool).get("gpusReserved") == pod_gpus(pods),
+            60,
+        )
+
+        # The autoscaler's part: add the pool's nodes in the pods' zone.
+        pool_shape = grown_pool(node_pool)
+        nodes_needed = -(-pod_gpus(pods) // 4)
+        local_cluster.add_nodes([node_manifest(pool_shape, ZONE, i) for i in range(nodes_needed)])
+
+        def running() -> list[Any] | None:
+            current = pods_of(k8s_api, namespace, "grow")
+            ok = current and all(p.status.phase == "Running" for p in current)
+            return current if ok else None
+
+        bound = wait_for("worker pods Running on the new nodes", running, 180)
+        # The same workers, unless the job switched plans meanwhile (an interim first plan
+        # replaced by its search's answer): either way pinned to the pool's zone.
+        assert {zone_of(p) for p in bound} == {ZONE}
+        assert {p.spec.node_name for p in bound} <= set(
+            local_cluster.node_names(f"cloud.google.com/gke-nodepool={node_pool}")
+        )
+        assert get_job(k8s_api, namespace, "grow")["status"]["phase"] == "Running"
+        wait_for(
+            "reservation released once bound",
+            lambda: pool_status(k8s_api, pool).get("gpusReserved", 0) == 0,
+            60,
+        )
+    finally:
+        local_cluster.reset_nodes()
+
+
+def test_two_jobs_submitted_together_never_book_the_same_gpus(
+    k8s_api: Any,
+    namespace: str,
+    operator: OperatorProcess,
+    gpupools: Callable[..., str],
+) -> None:
+    # One possible node of 4 GPUs: room for one job's plan, not two.
+    pool = gpupools(f"one-{uuid.uuid4().hex[:6]}", **autoscaling(1))
+    wait_for("pool status", lambda: pool_status(k8s_api, pool).get("gpusPossible") == 4, 90)
+    submit(k8s_api, namespace, "first", pool)
+    submit(k8s_api, namespace, "second", pool)
+
+    def one_planned() -> tuple[str, str] | None:
+        with_pods = [j for j in ("first", "second") if pods_of(k8s_api, namespace, j)]
+        if len(with_pods) != 1:
+            return None
+        (winner,) = with_pods
+        loser = "second" if winner == "first" else "first"
+        phase = (get_job(k8s_api, namespace, loser).get("status") or {}).get("phase")
+        return (winner, loser) if phase == "Unschedulable" else None
+
+    winner, loser = wait_for("one job planned, the other waiting", one_planned, 180)
+    assert pod_gpus(pods_of(k8s_api, namespace, winner)) <= 4
+    # The loser keeps waiting with a reason, without pods, while the winner holds the node.
+    conditions = get_job(k8s_api, namespace, loser)["status"]["conditions"]
+    reasons = {c["reason"] for c in conditions if c["status"] == "True"}
+    assert "NoCapacity" in reasons, conditions
+    assert not pods_of(k8s_api, namespace, loser)
+
+    # The winner goes away: its reservation goes with it and the other job plans.
+    client.CustomObjectsApi(k8s_api).delete_namespaced_custom_object(
+        GROUP, VERSION, namespace, "trainingjobs", winner
+    )
+    pods = wait_for(
+        "the waiting job gets pods",
+        lambda: pods_of(k8s_api, namespace, loser) or None,
+        180,
+    )
+    assert pod_gpus(pods) <= 4
+    assert not [p for p in pods_of(k8s_api, namespace, winner) if not p.metadata.deletion_timestamp]
