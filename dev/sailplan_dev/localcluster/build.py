@@ -1,9 +1,10 @@
 """Build the local control plane's binaries from their Go modules, once, into a cache.
 
 Tier-2 tests, the e2e runner and the README quickstart need a real etcd, kube-apiserver,
-kube-scheduler, kube-controller-manager, kubectl and kwok. There is no Docker engine and no
-release download here (only PyPI and the Go module proxy are reachable), so the binaries are
-compiled from their published Go modules with the local Go toolchain. Called by
+kube-scheduler, kube-controller-manager, kubectl and kwok; the Helm chart's tests need
+helm. There is no Docker engine and no release download here (only PyPI and the Go module
+proxy are reachable), so the binaries are compiled from their published Go modules with the
+local Go toolchain. Called by
 `sailplan cluster build`, by `.ci/run` before the tests, and by the pytest cluster fixture
 when the binaries are missing.
 
@@ -40,6 +41,8 @@ from string import Template
 K8S_VERSION = "v1.36.3"
 ETCD_VERSION = "v3.6.16"
 KWOK_VERSION = "v0.8.0"
+# Helm renders and installs the chart in manifests/helm/sailplan (tests and the install docs).
+HELM_VERSION = "v3.21.4"
 
 # Go's build cache makes an interrupted build resume where it stopped; these flags keep the
 # binaries small and avoid a C toolchain (static binaries, no cgo).
@@ -73,6 +76,7 @@ class Group:
     packages: tuple[str, ...]
     binaries: tuple[Binary, ...]
     template: str | None  # wrapper go.mod template; None means `go install pkg@version`
+    ldflags: tuple[str, ...] = ()  # beyond stripping, e.g. the version a binary reports
 
 
 _K8S_MINOR = K8S_VERSION.lstrip("v").split(".")[1]
@@ -112,6 +116,25 @@ GROUPS: tuple[Group, ...] = (
             Binary("kubectl", ("version", "--client"), f"Client Version: {K8S_VERSION}"),
         ),
         template="kubernetes.go.mod.tmpl",
+    ),
+    Group(
+        name="helm",
+        module="helm.sh/helm/v3",
+        version=HELM_VERSION,
+        packages=("helm.sh/helm/v3/cmd/helm",),
+        binaries=(Binary("helm", ("version",), f'Version:"{HELM_VERSION}"'),),
+        template=None,
+        # What Helm's Makefile sets: its version, and the Kubernetes version `helm template`
+        # and `helm lint` assume without a cluster (that of its client-go, v0.36: 1.36),
+        # else 1.20 and a chart's kubeVersion constraint fails.
+        ldflags=(
+            f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",
+            *(
+                f"-X helm.sh/helm/v3/pkg/{pkg}.k8sVersion{part}={value}"
+                for pkg in ("chartutil", "lint/rules")
+                for part, value in (("Major", "1"), ("Minor", "36"))
+            ),
+        ),
     ),
 )
 
@@ -271,7 +294,7 @@ def _build_group(group: Group, root: Path, env: dict[str, str], jobs: int) -> No
                     "install",
                     *_BUILD_FLAGS,
                     f"-p={jobs}",
-                    f"-ldflags={_STRIP}",
+                    f"-ldflags={' '.join((_STRIP, *group.ldflags))}",
                     *(f"{p}@{group.version}" for p in group.packages),
                 ],
                 staging,
