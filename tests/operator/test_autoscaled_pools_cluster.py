@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from operator_process import OperatorProcess
-from test_operator_cluster import get_job, job_body, pods_of
+from test_operator_cluster import get_job, job_body, pods_of, wait_phase
 from waiting import wait_for
 
 from sailplan.operator.api.common import GROUP, VERSION
@@ -126,7 +126,7 @@ def test_a_job_on_a_pool_at_zero_nodes_plans_and_runs_once_nodes_come(
         assert {p.spec.node_name for p in bound} <= set(
             local_cluster.node_names(f"cloud.google.com/gke-nodepool={node_pool}")
         )
-        assert get_job(k8s_api, namespace, "grow")["status"]["phase"] == "Running"
+        wait_phase(k8s_api, namespace, "grow", {"Running"}, 60)
         wait_for(
             "reservation released once bound",
             lambda: pool_status(k8s_api, pool).get("gpusReserved", 0) == 0,
