@@ -1,0 +1,107 @@
+"""The Argo CD health checks (manifests/argocd) run in a real Lua interpreter (lupa) on
+TrainingJob and GPUPool status objects, as Argo CD runs them: `obj` global, a table back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+lupa = pytest.importorskip("lupa")
+
+ARGOCD = Path(__file__).resolve().parents[2] / "manifests" / "argocd"
+
+
+def _health(script: str, obj: dict[str, Any]) -> tuple[str, str]:
+    runtime = lupa.LuaRuntime(unpack_returned_tuples=True)
+
+    def table(value: Any) -> Any:
+        if isinstance(value, dict):
+            return runtime.table_from({k: table(v) for k, v in value.items()})
+        if isinstance(value, list):
+            return runtime.table_from([table(v) for v in value])
+        return value
+
+    runtime.globals().obj = table(obj)
+    result = runtime.execute((ARGOCD / script).read_text())
+    return result["status"], result["message"]
+
+
+def _job(phase: str | None, *conditions: tuple[str, str, str, str]) -> dict[str, Any]:
+    status: dict[str, Any] = {
+        "conditions": [
+            {"type": t, "status": s, "reason": r, "message": m} for t, s, r, m in conditions
+        ]
+    }
+    if phase is not None:
+        status["phase"] = phase
+    return {"kind": "TrainingJob", "status": status}
+
+
+@pytest.mark.parametrize(
+    ("job", "health", "says"),
+    [
+        (_job("Running", ("Running", "True", "AllWorkersRunning", "4 workers")), "Healthy", ""),
+        (_job("Succeeded", ("Complete", "True", "Completed", "")), "Healthy", "complete"),
+        (
+            _job("Pending", ("Planning", "True", "Searching", "searching for 3 s")),
+            "Progressing",
+            "searching",
+        ),
+        (
+            _job("Replanning", ("Replanning", "True", "Draining", "checkpoint")),
+            "Progressing",
+            "checkpoint",
+        ),
+        (_job(None), "Progressing", "waiting"),
+        ({"kind": "TrainingJob"}, "Progressing", "waiting"),
+        (
+            _job("Failed", ("Failed", "True", "RestartsExhausted", "3 restarts")),
+            "Degraded",
+            "RestartsExhausted: 3 restarts",
+        ),
+        (
+            _job("Unschedulable", ("Schedulable", "False", "OutOfMemory", "41 GB")),
+            "Degraded",
+            "OutOfMemory: 41 GB",
+        ),
+        (
+            _job("Invalid", ("Valid", "False", "UnknownModel", "GPT-5")),
+            "Degraded",
+            "UnknownModel: GPT-5",
+        ),
+    ],
+)
+def test_trainingjob_health(job: dict[str, Any], health: str, says: str) -> None:
+    status, message = _health("trainingjob-health.lua", job)
+    assert status == health
+    assert says in message
+
+
+def test_gpupool_health() -> None:
+    def pool(*conditions: tuple[str, str, str]) -> dict[str, Any]:
+        listed = [{"type": t, "status": s, "reason": r, "message": ""} for t, s, r in conditions]
+        return {"kind": "GPUPool", "status": {"conditions": listed}}
+
+    script = "gpupool-health.lua"
+    assert _health(script, {"kind": "GPUPool"})[0] == "Progressing"
+    ready = pool(("Ready", "True", "NodesReady"), ("GPUTypeResolved", "True", "Resolved"))
+    assert _health(script, ready)[0] == "Healthy"
+    none_ready = pool(("Ready", "False", "NoReadyNodes"))
+    assert _health(script, none_ready) == ("Degraded", "NoReadyNodes: ")
+    unknown = pool(("Ready", "True", "NodesReady"), ("GPUTypeResolved", "False", "UnknownGPUType"))
+    assert _health(script, unknown)[0] == "Degraded"
+
+
+def test_argocd_cm_carries_the_lua_files_under_argocds_keys() -> None:
+    data = yaml.safe_load((ARGOCD / "argocd-cm.yaml").read_text())["data"]
+    assert data == {
+        "resource.customizations.health.sailplan.dev_TrainingJob": (
+            ARGOCD / "trainingjob-health.lua"
+        ).read_text(),
+        "resource.customizations.health.sailplan.dev_GPUPool": (
+            ARGOCD / "gpupool-health.lua"
+        ).read_text(),
+    }
