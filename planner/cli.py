@@ -8,6 +8,13 @@ for either.
 
 `--json` prints the Plan document of the best plan; with `--top K` (K > 1) it prints a JSON
 list of the K best Plan documents, best first, so scripts always get Plan documents.
+
+`--energy` adds each plan's GPU energy per iteration at default clocks and at the
+no-slowdown frequency plan (planner/energy; the Plan JSON gains predictions.energy);
+`--frontier-png FILE` draws the best plan's time-energy frontier; `--energy-price` prices
+the energy. `--objective energy` (needs `--min-throughput`) ranks the candidates of the
+cost and throughput searches by the least energy their frequency plans reach above the
+floor: a re-ranking, not a search of the whole space (cli_energy.least_energy).
 """
 
 from __future__ import annotations
@@ -20,8 +27,17 @@ from typing import Annotated, NoReturn
 import typer
 from pydantic import ValidationError
 
-from sailplan.planner.api import Infeasible, Objective, PlanRequest, make_plan
+from sailplan.planner.api import Infeasible, Objective, Planned, PlanRequest, make_plan
 from sailplan.planner.catalog import Catalog, CatalogError, default_catalog
+from sailplan.planner.cli_energy import (
+    attach,
+    check_price,
+    context_for,
+    energy_lines,
+    least_energy,
+    plot_frontier,
+    report_for,
+)
 from sailplan.planner.cli_inputs import (
     InputError,
     cluster_from_file,
@@ -30,7 +46,10 @@ from sailplan.planner.cli_inputs import (
 )
 from sailplan.planner.cli_render import console, render_plans, render_simulation
 from sailplan.planner.cli_sources import load_plan_file, load_profiles, simulate_plan
+from sailplan.planner.cluster import ClusterSnapshot
 from sailplan.planner.modelspec import ModelSpec
+from sailplan.planner.plan import Plan
+from sailplan.planner.profiles.types import ProfileSet
 
 EXIT_USAGE = 2
 EXIT_INFEASIBLE = 3
@@ -39,6 +58,10 @@ EXIT_INFEASIBLE = 3
 class ObjectiveKind(StrEnum):
     throughput = "throughput"
     cost = "cost"
+    energy = "energy"
+
+
+ENERGY_CANDIDATES = 5  # plans taken from each of the cost and throughput searches
 
 
 class OptimizerKind(StrEnum):
@@ -99,10 +122,26 @@ def plan_command(
     as_json: Annotated[
         bool, typer.Option("--json", help="print Plan JSON (a list if --top > 1)")
     ] = False,
+    energy: Annotated[
+        bool,
+        typer.Option("--energy", help="GPU energy per iteration and the no-slowdown savings"),
+    ] = False,
+    energy_price: Annotated[
+        float | None, typer.Option("--energy-price", help="USD per kWh (implies --energy)")
+    ] = None,
+    frontier_png: Annotated[
+        Path | None,
+        typer.Option("--frontier-png", help="plot the best plan's time-energy frontier (PNG)"),
+    ] = None,
 ) -> None:
     """Find the best parallel plan for a model on a cluster."""
     catalog = default_catalog()
+    energy_objective = objective == ObjectiveKind.energy
+    energy = energy or energy_objective or energy_price is not None or frontier_png is not None
     try:
+        check_price(energy_price)
+        if energy_objective and not min_throughput:
+            _fail("--objective energy needs a throughput floor: give --min-throughput")
         spec = _model(catalog, model, model_file)
         if (cluster is None) == (not pool):
             _fail("give either --pool flags or --cluster FILE (not both, not neither)")
@@ -118,12 +157,12 @@ def plan_command(
             optimizer=optimizer.value,
             cluster=snapshot,
             objective=Objective(
-                kind=objective.value,
+                kind="cost" if energy_objective else objective.value,
                 min_samples_per_second=min_throughput or None,
                 max_usd_per_hour=max_cost_per_hour or None,
                 max_usd_per_iteration=max_cost_per_iteration or None,
             ),
-            top_k=top,
+            top_k=max(top, ENERGY_CANDIDATES) if energy_objective else top,
             max_pipeline_depth=max_pipeline_depth,
         )
     except (InputError, CatalogError) as error:
@@ -135,6 +174,40 @@ def plan_command(
     if isinstance(result, Infeasible):
         _fail(f"no feasible plan ({result.code}): {result.reason}", EXIT_INFEASIBLE)
     plans = [result.best, *result.alternatives][:top]
+    lines: list[list[str]] = []
+    try:
+        if energy_objective:
+            plans = _least_energy_plans(
+                request,
+                cost_result=result,
+                measured=measured,
+                catalog=catalog,
+                snapshot=snapshot,
+                top=top,
+            )
+        if energy:
+            shown = []
+            for index, plan in enumerate(plans):
+                context = context_for(plan, snapshot, measured, catalog)
+                report = report_for(plan, context, frontier=index == 0 and frontier_png is not None)
+                if not energy_objective:
+                    plan = attach(plan, context, report)
+                shown.append(plan)
+                lines.append(energy_lines(report, energy_price))
+                chosen = plan.predictions.energy if plan.predictions else None
+                if energy_objective and chosen is not None:
+                    lines[-1].append(
+                        f"chosen frequency plan: {chosen.joules_per_iteration / 1e3:.2f} kJ/iteration "
+                        f"at {chosen.iteration_seconds:.3f} s "
+                        f"({plan.global_batch_size / chosen.iteration_seconds:.1f} samples/s)"
+                    )
+                if index == 0 and frontier_png is not None:
+                    plot_frontier(report, frontier_png, f"{plan.model.name}: best plan")
+                    lines[-1].append(f"frontier plotted to {frontier_png}")
+            plans = shown
+    except InputError as error:
+        _fail(str(error))
+    result = result.model_copy(update={"best": plans[0], "alternatives": tuple(plans[1:])})
     if as_json:
         if top == 1:
             typer.echo(result.best.to_json())
@@ -142,7 +215,50 @@ def plan_command(
             documents = [json.loads(p.to_json()) for p in plans]
             typer.echo(json.dumps(documents, indent=2))
         return
-    render_plans(plans, snapshot, result.plans_evaluated, result.search_seconds)
+    render_plans(plans, snapshot, result.plans_evaluated, result.search_seconds, lines or None)
+
+
+def _least_energy_plans(
+    request: PlanRequest,
+    *,
+    cost_result: Planned,
+    measured: ProfileSet | None,
+    catalog: Catalog,
+    snapshot: ClusterSnapshot,
+    top: int,
+) -> list[Plan]:
+    """`--objective energy`: the cost search's and the throughput search's best plans under
+    the floor, ranked by the least energy a frequency plan of theirs reaches above it."""
+    floor = request.objective.min_samples_per_second
+    assert floor is not None
+    throughput = make_plan(
+        request.model_copy(
+            update={"objective": request.objective.model_copy(update={"kind": "throughput"})}
+        ),
+        measured,
+        catalog,
+    )
+    candidates: dict[str, Plan] = {}
+    for found in (cost_result, throughput):
+        if isinstance(found, Planned):
+            for plan in (found.best, *found.alternatives):
+                key = plan.model_copy(update={"predictions": None, "reason": ""}).to_json()
+                candidates.setdefault(key, plan)
+    ranked = least_energy(list(candidates.values()), snapshot, measured, catalog, floor)
+    if not ranked:
+        _fail(
+            f"no feasible plan (BelowThroughputFloor): no candidate reaches {floor:g} samples/s",
+            EXIT_INFEASIBLE,
+        )
+    plans = []
+    for plan, _, point in ranked[:top]:
+        reason = (
+            f"least GPU energy above {floor:g} samples/s among {len(candidates)} candidates of "
+            f"the cost and throughput searches: {point.joules_per_iteration / 1e3:.2f} kJ/iteration "
+            f"at {point.iteration_seconds:.3f} s"
+        )
+        plans.append(plan.model_copy(update={"reason": reason}))
+    return plans
 
 
 def simulate_command(

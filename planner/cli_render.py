@@ -78,14 +78,22 @@ def summary_lines(plan: Plan, predictions: Predictions) -> list[str]:
 
 
 def render_plans(
-    plans: list[Plan], cluster: ClusterSnapshot, evaluated: int, seconds: float
+    plans: list[Plan],
+    cluster: ClusterSnapshot,
+    evaluated: int,
+    seconds: float,
+    extra_lines: list[list[str]] | None = None,
 ) -> None:
+    """The plans' tables and summaries; extra_lines[rank] (e.g. energy) follow plan rank's."""
     total = sum(p.gpus for p in cluster.pools)
     for rank, plan in enumerate(plans):
         title = "Best plan" if rank == 0 else f"Alternative {rank}"
         console.print(stage_table(plan, plan.predictions, title))
         if plan.predictions is not None:
             for line in summary_lines(plan, plan.predictions):
+                console.print(f"  {line}")
+        if extra_lines is not None and rank < len(extra_lines):
+            for line in extra_lines[rank]:
                 console.print(f"  {line}")
         if plan.reason:
             console.print(f"  why: {plan.reason}")

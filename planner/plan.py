@@ -63,6 +63,44 @@ class StagePrediction(BaseModel):
     peak_memory_bytes: int = Field(description="largest over the stage's replicas")
 
 
+class StageClocks(BaseModel):
+    """SM clocks of one stage's GPUs under a frequency plan (planner.energy), per replica."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    steady_mhz: tuple[int, ...] = Field(
+        description="clock of the steady-state forward/backward passes, one per replica (pipeline)"
+    )
+    fill_mhz: tuple[int, ...] = Field(
+        description=(
+            "clock of the warm-up/cool-down pass (first forward, last backward: on the "
+            "critical path of every stage), one per replica"
+        )
+    )
+
+
+class EnergyPrediction(BaseModel):
+    """GPU energy of one iteration (planner.energy), at default clocks and at the frequency
+    plan that does not slow the iteration down (Perseus' "no slowdown" point), or the
+    frontier point an energy objective chose."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    joules_per_iteration_default: float = Field(description="every GPU at its maximum SM clock")
+    joules_per_iteration: float = Field(description="with stage_clocks")
+    iteration_seconds: float = Field(
+        description=(
+            "with stage_clocks: the default-clock time at no slowdown; under `--objective "
+            "energy` the frontier point chosen above the throughput floor"
+        )
+    )
+    stage_clocks: tuple[StageClocks, ...] = ()
+    source: Literal["datasheet", "measured"] = Field(
+        default="datasheet",
+        description="measured when every GPU type's power came from a PowerProfile",
+    )
+
+
 class Predictions(BaseModel):
     """What the simulator expects of the plan."""
 
@@ -77,6 +115,9 @@ class Predictions(BaseModel):
     pipeline_seconds: float = Field(default=0.0, description="1F1B forward/backward part")
     allreduce_seconds: float = Field(default=0.0, description="exposed gradient all-reduce")
     update_seconds: float = Field(default=0.0, description="optimizer step")
+    energy: EnergyPrediction | None = Field(
+        default=None, description="GPU energy per iteration; None = not computed"
+    )
 
     @property
     def peak_memory_bytes(self) -> int:

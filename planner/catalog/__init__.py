@@ -7,6 +7,7 @@ user's YAML on top.
 from sailplan.planner.catalog.catalog import (
     Catalog,
     CatalogError,
+    GPUPower,
     GPUPrice,
     GPUSpec,
     ModelEntry,
@@ -19,6 +20,7 @@ from sailplan.planner.catalog.catalog import (
 __all__ = [
     "Catalog",
     "CatalogError",
+    "GPUPower",
     "GPUPrice",
     "GPUSpec",
     "ModelEntry",

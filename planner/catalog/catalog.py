@@ -57,6 +57,48 @@ class GPUPrice(BaseModel):
     spot: float = Field(ge=0, description="USD per GPU-hour on spot/preemptible capacity")
 
 
+class GPUPower(BaseModel):
+    """Power and SM clock figures of one GPU type, for the energy model (planner/energy).
+
+    Every packaged value says its source in gpus.yaml; docs/architecture/planner.md lists
+    them. A measured PowerProfile of the GPU type overrides them (planner.energy).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tdp_watts: float = Field(
+        gt=0,
+        description="board power limit (datasheet TDP): the draw of dense training at the default clock",
+    )
+    idle_watts: float = Field(ge=0, description="draw of an idle GPU (no kernel running)")
+    blocking_watts: float | None = Field(
+        default=None,
+        ge=0,
+        description="draw while blocked in communication (NCCL waiting); None = idle_watts",
+    )
+    max_sm_mhz: int = Field(gt=0, description="maximum SM (graphics) clock: the default under load")
+    min_sm_mhz: int = Field(gt=0, description="lowest SM clock the frequency planner considers")
+    sm_step_mhz: int = Field(default=15, gt=0, description="step between settable SM clocks")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> GPUPower:
+        if self.idle_watts >= self.tdp_watts:
+            raise ValueError(
+                f"idle_watts {self.idle_watts} must be below tdp_watts {self.tdp_watts}"
+            )
+        if self.blocking_watts is not None and self.blocking_watts >= self.tdp_watts:
+            raise ValueError(
+                f"blocking_watts {self.blocking_watts} must be below tdp_watts {self.tdp_watts}"
+            )
+        if self.min_sm_mhz > self.max_sm_mhz:
+            raise ValueError(f"min_sm_mhz {self.min_sm_mhz} is above max_sm_mhz {self.max_sm_mhz}")
+        return self
+
+    @property
+    def block_watts(self) -> float:
+        return self.idle_watts if self.blocking_watts is None else self.blocking_watts
+
+
 class GPUSpec(BaseModel):
     """Public datasheet figures of one GPU type plus its list prices."""
 
@@ -76,6 +118,9 @@ class GPUSpec(BaseModel):
     )
     prices: dict[str, GPUPrice]
     aliases: tuple[str, ...] = ()
+    power: GPUPower | None = Field(
+        default=None, description="power and SM clocks for the energy model; None = unknown"
+    )
 
     @model_validator(mode="after")
     def _has_default_price(self) -> GPUSpec:

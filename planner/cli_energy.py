@@ -1,0 +1,190 @@
+"""`sailplan plan --energy`: energy per iteration, no-slowdown savings, the frontier PNG.
+
+Called only by planner/cli.py. The energy model and the frequency planner are pure
+(planner/energy); this edge rebuilds the planning context of a chosen plan, renders the
+report as lines, draws the frontier with matplotlib (imported here only, never by the
+planner core: `pip install 'sailplan[plot]'`), and re-ranks candidate plans for the
+`--objective energy` heuristic. Every user mistake is an InputError with one line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from sailplan.planner.catalog import Catalog
+from sailplan.planner.cli_inputs import InputError
+from sailplan.planner.cluster import ClusterSnapshot
+from sailplan.planner.energy import EnergyError, EnergyReport, FrontierPoint, plan_energy, usd_for
+from sailplan.planner.plan import Plan
+from sailplan.planner.profiles.estimate import complete_profiles
+from sailplan.planner.profiles.types import ProfileSet
+from sailplan.planner.simulator import MissingProfileError, PlanningContext, simulate
+
+FRONTIER_POINTS = 40
+
+
+def check_price(usd_per_kwh: float | None) -> None:
+    if usd_per_kwh is not None and usd_per_kwh < 0:
+        raise InputError(f"--energy-price {usd_per_kwh:g} USD/kWh is below zero")
+
+
+def context_for(
+    plan: Plan, cluster: ClusterSnapshot, measured: ProfileSet | None, catalog: Catalog
+) -> PlanningContext:
+    """The context the plan was priced in: measured profiles where given, estimates elsewhere
+    (make_plan completes profiles the same way)."""
+    types = sorted({w.gpu_type for w in plan.workers()})
+    tps = sorted({s.tensor_parallel for s in plan.stages})
+    profiles = complete_profiles(
+        plan.model,
+        types,
+        tps,
+        [plan.micro_batch_size],
+        measured=measured or ProfileSet(),
+        catalog=catalog,
+        optimizer=plan.optimizer,
+    )
+    profiles = complete_profiles(plan.model, types, [], [], measured=profiles, catalog=catalog)
+    return PlanningContext(
+        model=plan.model,
+        cluster=cluster,
+        profiles=profiles,
+        catalog=catalog,
+        optimizer=plan.optimizer,
+    )
+
+
+def report_for(plan: Plan, context: PlanningContext, frontier: bool) -> EnergyReport:
+    try:
+        return plan_energy(plan, context, frontier_points=FRONTIER_POINTS if frontier else 0)
+    except (EnergyError, MissingProfileError) as error:
+        raise InputError(str(error)) from None
+
+
+def attach(
+    plan: Plan, context: PlanningContext, report: EnergyReport, point: FrontierPoint | None = None
+) -> Plan:
+    """The plan with fresh predictions carrying the energy fields (the no-slowdown point, or
+    `point` from the frontier)."""
+    predictions = simulate(plan, context)
+    energy = report.prediction()
+    if point is not None:
+        energy = energy.model_copy(
+            update={
+                "joules_per_iteration": point.joules_per_iteration,
+                "iteration_seconds": point.iteration_seconds,
+                "stage_clocks": point.stage_clocks(),
+            }
+        )
+    return plan.model_copy(
+        update={"predictions": predictions.model_copy(update={"energy": energy})}
+    )
+
+
+def _clocks(point: FrontierPoint) -> str:
+    parts = []
+    for i, (steady, fill) in enumerate(zip(point.steady_mhz, point.fill_mhz, strict=True)):
+        s = sorted(set(steady))
+        f = sorted(set(fill))
+        text = "/".join(str(x) for x in s)
+        if f != s:
+            text += f" (warm-up {'/'.join(str(x) for x in f)})"
+        parts.append(f"s{i} {text}")
+    return ", ".join(parts)
+
+
+def energy_lines(report: EnergyReport, usd_per_kwh: float | None) -> list[str]:
+    default, best = report.default, report.no_slowdown
+    lines = [
+        f"energy {default.joules_per_iteration / 1e3:.2f} kJ/iteration at default clocks; "
+        f"{best.joules_per_iteration / 1e3:.2f} kJ at no slowdown "
+        f"(saves {report.saved_fraction * 100:.1f}%, iteration {best.iteration_seconds:.3f} s; "
+        f"{report.source} power model)",
+        f"no-slowdown SM clocks (MHz): {_clocks(best)}",
+    ]
+    if usd_per_kwh is not None:
+        lines.append(
+            f"energy cost {usd_for(default.joules_per_iteration, usd_per_kwh):.6f} USD/iteration at "
+            f"default clocks, {usd_for(best.joules_per_iteration, usd_per_kwh):.6f} at no slowdown "
+            f"({usd_per_kwh:g} USD/kWh)"
+        )
+    if len(report.frontier) > 1:
+        last = report.frontier[-1]
+        slower = last.iteration_seconds / default.iteration_seconds - 1
+        saved = 1 - last.joules_per_iteration / default.joules_per_iteration
+        lines.append(
+            f"frontier: {len(report.frontier)} points, down to {saved * 100:.1f}% less energy "
+            f"at {slower * 100:.1f}% slower"
+        )
+    return lines
+
+
+def plot_frontier(report: EnergyReport, path: Path, title: str) -> None:
+    """The iteration time-energy frontier as a PNG (matplotlib, Agg backend)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from matplotlib import pyplot as plt
+    except ImportError:
+        raise InputError("--frontier-png needs matplotlib: pip install 'sailplan[plot]'") from None
+    points = report.frontier or (report.no_slowdown,)
+    fig, ax = plt.subplots(figsize=(6, 4), tight_layout=True)
+    ax.plot(
+        [p.iteration_seconds for p in points],
+        [p.joules_per_iteration / 1e3 for p in points],
+        marker=".",
+        label="frequency plans (frontier)",
+    )
+    ax.scatter(
+        [report.default.iteration_seconds],
+        [report.default.joules_per_iteration / 1e3],
+        color="red",
+        zorder=3,
+        label="default clocks",
+    )
+    ax.scatter(
+        [report.no_slowdown.iteration_seconds],
+        [report.no_slowdown.joules_per_iteration / 1e3],
+        color="green",
+        zorder=3,
+        label="no slowdown",
+    )
+    ax.set_xlabel("iteration time (s)")
+    ax.set_ylabel("GPU energy per iteration (kJ)")
+    ax.set_title(title)
+    ax.legend()
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as error:
+        raise InputError(f"cannot write {path}: {error.strerror or error}") from None
+    finally:
+        plt.close(fig)
+
+
+def least_energy(
+    candidates: Sequence[Plan],
+    cluster: ClusterSnapshot,
+    measured: ProfileSet | None,
+    catalog: Catalog,
+    min_samples_per_second: float,
+) -> list[tuple[Plan, EnergyReport, FrontierPoint]]:
+    """Candidates ranked by the least energy any frontier point of theirs reaches while
+    still meeting the throughput floor (the `--objective energy` heuristic)."""
+    ranked = []
+    for plan in candidates:
+        context = context_for(plan, cluster, measured, catalog)
+        report = report_for(plan, context, frontier=True)
+        limit = plan.global_batch_size / min_samples_per_second
+        meeting = [
+            p
+            for p in (report.no_slowdown, *report.frontier)
+            if p.iteration_seconds <= limit * (1 + 1e-9)
+        ]
+        if not meeting:
+            continue
+        point = min(meeting, key=lambda p: (p.joules_per_iteration, p.iteration_seconds))
+        ranked.append((attach(plan, context, report, point), report, point))
+    ranked.sort(key=lambda item: item[2].joules_per_iteration)
+    return ranked

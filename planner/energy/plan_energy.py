@@ -1,0 +1,277 @@
+"""Energy of a Plan per iteration: at default clocks, at no slowdown, and the frontier.
+
+Built on simulate(): the pipeline time it predicts is the deadline, its all-reduce + update
+tail is added unchanged (the optimizer step runs at the default clock; the all-reduce is a
+wait at blocking power). Every data-parallel pipeline r (replica r of every stage) is a
+frequency problem of its own (frequency.py) with its own replicas' GPU types, links and
+micro-batch count: pipelines meet only at the gradient all-reduce, so a pipeline faster
+than the slowest (helper GPUs, an uneven data split) may slow down to it -- Perseus'
+extrinsic bloat, here from the plan itself.
+
+Energy of one iteration, over every GPU g of the plan:
+
+    E = sum_g P_b(g) x T_iteration  +  sum_g [effective energy of its forward/backward passes]
+        + sum_g (P(f_max) - P_b) x its optimizer step
+
+T_iteration = max(simulator's pipeline time, the slowest pipeline under the clocks) + tail,
+so at every clock at its maximum E is the default-clock energy and T the simulator's time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from sailplan.planner.energy.frequency import (
+    PipelineClocks,
+    PipelineProblem,
+    StageOptions,
+    default_clocks,
+    solve,
+)
+from sailplan.planner.energy.power import EnergyModel, PowerProfile, clock_scaled_share
+from sailplan.planner.plan import EnergyPrediction, Plan, Predictions, StageClocks
+from sailplan.planner.simulator import PlanningContext, simulate
+
+JOULES_PER_KWH = 3.6e6
+FRONTIER_POINTS = 40
+
+
+@dataclass(frozen=True)
+class FrontierPoint:
+    """One frequency plan: iteration time, GPU energy, and the clocks (stage x pipeline)."""
+
+    iteration_seconds: float
+    joules_per_iteration: float
+    steady_mhz: tuple[tuple[int, ...], ...]  # [stage][pipeline]
+    fill_mhz: tuple[tuple[int, ...], ...]
+
+    def stage_clocks(self) -> tuple[StageClocks, ...]:
+        return tuple(
+            StageClocks(steady_mhz=s, fill_mhz=f)
+            for s, f in zip(self.steady_mhz, self.fill_mhz, strict=True)
+        )
+
+
+@dataclass(frozen=True)
+class EnergyReport:
+    default: FrontierPoint  # every clock at its maximum
+    no_slowdown: FrontierPoint
+    frontier: tuple[FrontierPoint, ...]  # fastest first, energy strictly falling; may be ()
+    source: str  # "datasheet" or "measured"
+
+    @property
+    def saved_joules(self) -> float:
+        return self.default.joules_per_iteration - self.no_slowdown.joules_per_iteration
+
+    @property
+    def saved_fraction(self) -> float:
+        total = self.default.joules_per_iteration
+        return self.saved_joules / total if total > 0 else 0.0
+
+    def prediction(self) -> EnergyPrediction:
+        return EnergyPrediction(
+            joules_per_iteration_default=self.default.joules_per_iteration,
+            joules_per_iteration=self.no_slowdown.joules_per_iteration,
+            iteration_seconds=self.no_slowdown.iteration_seconds,
+            stage_clocks=self.no_slowdown.stage_clocks(),
+            source="measured" if self.source == "measured" else "datasheet",
+        )
+
+
+def usd_for(joules: float, usd_per_kwh: float) -> float:
+    if usd_per_kwh < 0:
+        raise ValueError(f"energy price {usd_per_kwh} USD/kWh is below zero")
+    return joules / JOULES_PER_KWH * usd_per_kwh
+
+
+@dataclass(frozen=True)
+class _Pipeline:
+    problem: PipelineProblem
+    gpus: tuple[int, ...]  # GPUs per stage replica (TP)
+    blocking_watts: float  # summed over the pipeline's GPUs
+    update_joules: float  # (P(f_max) - P_b) x optimizer step, summed over its GPUs
+
+
+class _PlanEnergy:
+    """The plan's pipelines as frequency problems, and iteration energy of a solution."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        context: PlanningContext,
+        model: EnergyModel,
+        predictions: Predictions,
+    ) -> None:
+        self.plan = plan
+        self.predictions = predictions
+        self.deadline = predictions.pipeline_seconds
+        self.tail = predictions.iteration_seconds - predictions.pipeline_seconds
+        costs = context.costs
+        mbs = plan.micro_batch_size
+        boundary = costs.boundary_bytes(mbs)
+        catalog = context.catalog
+        flash = context.constants.flash_attention
+        sources = set()
+        share_cache: dict[tuple[str, int, int, int], float] = {}
+        self.pipelines: list[_Pipeline] = []
+        self._cache: dict[tuple[object, ...], int] = {}
+        self.index: list[int] = []  # pipeline r -> unique problem index
+        for r in range(plan.data_parallel):
+            links = []
+            for sender, receiver in zip(plan.stages, plan.stages[1:], strict=False):
+                tp = min(sender.tensor_parallel, receiver.tensor_parallel)
+                links.append(
+                    costs.p2p_seconds(boundary * tp, sender.replicas[r], receiver.replicas[r], tp)
+                )
+            stages: list[StageOptions] = []
+            gpus: list[int] = []
+            blocking = 0.0
+            update = 0.0
+            for i, stage in enumerate(plan.stages):
+                replica = stage.replicas[r]
+                tp = stage.tensor_parallel
+                a, b = stage.layer_start, stage.layer_end
+                table = costs.require_table(replica.gpu_type, tp, mbs)
+                curve = model.curve(replica.gpu_type)
+                sources.add(curve.source)
+                key = (replica.gpu_type, tp, a, b)
+                share = share_cache.get(key)
+                if share is None:
+                    spec = catalog.gpu(replica.gpu_type)
+                    share = clock_scaled_share(
+                        plan.model, spec, a, b, tp=tp, mbs=mbs, flash_attention=flash
+                    )
+                    share_cache[key] = share
+                base = table.forward_backward_seconds(a, b)
+                factors = curve.time_factors(share)
+                seconds = [base * x for x in factors]
+                joules = [
+                    tp * (watts - curve.blocking_watts) * t
+                    for watts, t in zip(curve.load_watts, seconds, strict=True)
+                ]
+                order = sorted(range(len(seconds)), key=lambda k: (seconds[k], -curve.mhz[k]))
+                incoming = links[i - 1] if i > 0 else 0.0
+                outgoing = links[i] if i < len(links) else 0.0
+                stages.append(
+                    StageOptions(
+                        mhz=tuple(curve.mhz[k] for k in order),
+                        seconds=tuple(seconds[k] for k in order),
+                        effective_joules=tuple(joules[k] for k in order),
+                        links=incoming + outgoing,
+                    )
+                )
+                gpus.append(tp)
+                blocking += tp * curve.blocking_watts
+                update += (
+                    tp * (curve.load_watts[0] - curve.blocking_watts) * table.update_seconds(a, b)
+                )
+            problem = PipelineProblem(
+                stages=tuple(stages),
+                micro_batches=plan.micro_batches_of(r),
+                fill_links=2.0 * sum(links),
+            )
+            signature = (problem, tuple(gpus), blocking, update)
+            found = self._cache.get(signature)
+            if found is None:
+                found = len(self.pipelines)
+                self._cache[signature] = found
+                self.pipelines.append(_Pipeline(problem, tuple(gpus), blocking, update))
+            self.index.append(found)
+        self.source = "measured" if sources == {"measured"} else "datasheet"
+
+    def point(self, solutions: Sequence[PipelineClocks]) -> FrontierPoint:
+        """Iteration time and energy with solution solutions[u] for unique pipeline u."""
+        slowest = max(solutions[u].seconds for u in self.index)
+        iteration = max(self.deadline, slowest) + self.tail
+        joules = 0.0
+        for u in self.index:
+            pipe = self.pipelines[u]
+            joules += solutions[u].effective_joules + pipe.update_joules
+            joules += pipe.blocking_watts * iteration
+        steady = []
+        fill = []
+        for i in range(self.plan.pipeline_depth):
+            steady.append(
+                tuple(
+                    self.pipelines[u].problem.stages[i].mhz[solutions[u].steady[i]]
+                    for u in self.index
+                )
+            )
+            fill.append(
+                tuple(
+                    self.pipelines[u].problem.stages[i].mhz[solutions[u].fill[i]]
+                    for u in self.index
+                )
+            )
+        return FrontierPoint(
+            iteration_seconds=iteration,
+            joules_per_iteration=joules,
+            steady_mhz=tuple(steady),
+            fill_mhz=tuple(fill),
+        )
+
+    def at(self, deadline: float) -> FrontierPoint:
+        return self.point([solve(p.problem, deadline) for p in self.pipelines])
+
+    def default(self) -> FrontierPoint:
+        return self.point([default_clocks(p.problem) for p in self.pipelines])
+
+    def frontier(self, points: int) -> tuple[FrontierPoint, ...]:
+        unconstrained = [solve(p.problem, float("inf")) for p in self.pipelines]
+        longest = max([self.deadline, *(s.seconds for s in unconstrained)])
+        deadlines = {self.deadline, longest, *(s.seconds for s in unconstrained)}
+        if longest > self.deadline and points > 2:
+            deadlines.update(float(d) for d in np.linspace(self.deadline, longest, points))
+        candidates = [self.at(d) for d in sorted(deadlines) if d >= self.deadline]
+        candidates.append(self.point(unconstrained))
+        candidates.sort(key=lambda p: (p.iteration_seconds, p.joules_per_iteration))
+        kept: list[FrontierPoint] = []
+        for point in candidates:
+            if not kept or point.joules_per_iteration < kept[-1].joules_per_iteration * (1 - 1e-12):
+                kept.append(point)
+        return tuple(kept)
+
+
+def plan_energy(
+    plan: Plan,
+    context: PlanningContext,
+    *,
+    profiles: Sequence[PowerProfile] = (),
+    predictions: Predictions | None = None,
+    frontier_points: int = 0,
+) -> EnergyReport:
+    """Energy per iteration of `plan` at default clocks and at no slowdown (and the
+    time-energy frontier when frontier_points > 0). Raises EnergyError for a GPU type
+    without power data, MissingProfileError like simulate()."""
+    model = EnergyModel(context.catalog, profiles)
+    predictions = predictions or simulate(plan, context)
+    energy = _PlanEnergy(plan, context, model, predictions)
+    no_slowdown = energy.at(energy.deadline)
+    frontier = energy.frontier(frontier_points) if frontier_points > 0 else ()
+    return EnergyReport(
+        default=energy.default(),
+        no_slowdown=no_slowdown,
+        frontier=frontier,
+        source=energy.source,
+    )
+
+
+def with_energy(
+    plan: Plan, context: PlanningContext, *, profiles: Sequence[PowerProfile] = ()
+) -> Plan:
+    """`plan` with its predictions simulated in `context`, energy fields included."""
+    return plan.model_copy(
+        update={"predictions": simulate_energy(plan, context, profiles=profiles)}
+    )
+
+
+def simulate_energy(
+    plan: Plan, context: PlanningContext, *, profiles: Sequence[PowerProfile] = ()
+) -> Predictions:
+    """simulate() plus the energy fields: the simulator's energy report."""
+    predictions = simulate(plan, context)
+    report = plan_energy(plan, context, profiles=profiles, predictions=predictions)
+    return predictions.model_copy(update={"energy": report.prediction()})

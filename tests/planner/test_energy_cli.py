@@ -1,0 +1,105 @@
+"""`sailplan plan --energy`, `--frontier-png`, `--energy-price`, `--objective energy`.
+
+Small clusters keep each search well under a second; the PNG is checked by its signature.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from sailplan.operator.cli.main import app
+from sailplan.planner.plan import Plan
+
+SMALL = ["--model", "GPT3-Small", "--global-batch", "64", "--pool", "A100-40:us-central1-a:4"]
+runner = CliRunner()
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_energy_prints_energy_per_iteration_and_the_no_slowdown_savings() -> None:
+    code, out, _ = run("plan", *SMALL, "--energy", "--energy-price", "0.12")
+    assert code == 0, out
+    assert "kJ/iteration at default clocks" in out
+    assert "at no slowdown (saves" in out
+    assert "no-slowdown SM clocks (MHz)" in out
+    assert "USD/iteration" in out and "0.12 USD/kWh" in out
+
+
+def test_energy_json_carries_the_energy_fields() -> None:
+    code, out, _ = run("plan", *SMALL, "--energy", "--json")
+    assert code == 0, out
+    plan = Plan.from_json(out)
+    assert plan.predictions is not None and plan.predictions.energy is not None
+    energy = plan.predictions.energy
+    assert energy.joules_per_iteration <= energy.joules_per_iteration_default
+    assert energy.iteration_seconds == pytest.approx(plan.predictions.iteration_seconds)
+    assert len(energy.stage_clocks) == plan.pipeline_depth
+    # without --energy the document has no energy fields
+    code, out, _ = run("plan", *SMALL, "--json")
+    assert code == 0
+    predictions = Plan.from_json(out).predictions
+    assert predictions is not None and predictions.energy is None
+
+
+def test_frontier_png_is_written(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "frontier.png"
+    code, out, _ = run("plan", *SMALL, "--frontier-png", str(target))
+    assert code == 0, out
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "frontier:" in out or "frontier plotted" in out
+
+
+def test_energy_objective_meets_the_floor_with_the_least_energy() -> None:
+    code, out, _ = run("plan", *SMALL, "--objective", "energy", "--min-throughput", "20", "--json")
+    assert code == 0, out
+    plan = Plan.from_json(out)
+    assert plan.predictions is not None and plan.predictions.energy is not None
+    chosen = plan.predictions.energy
+    assert plan.global_batch_size / chosen.iteration_seconds >= 20 * (1 - 1e-9)
+    assert chosen.joules_per_iteration <= chosen.joules_per_iteration_default
+    assert "least GPU energy above 20 samples/s" in plan.reason
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("--energy-price", "-0.1"), "below zero"),
+        (("--objective", "energy"), "needs a throughput floor"),
+    ],
+)
+def test_bad_energy_input_is_one_line_and_exit_2(args: tuple[str, ...], needle: str) -> None:
+    code, out, err = run("plan", *SMALL, *args)
+    assert code == 2, out
+    assert needle in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_unknown_gpu_for_the_energy_model_is_one_line_and_exit_2(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sailplan.planner import cli
+    from sailplan.planner.catalog import default_catalog
+
+    catalog = default_catalog()
+    gpus = dict(catalog.gpus)
+    gpus["A100-40"] = gpus["A100-40"].model_copy(update={"power": None})
+    without_power = type(catalog)(
+        gpus=gpus,
+        models=catalog.models,
+        regions=catalog.regions,
+        egress=catalog.egress,
+        remote_continents=catalog.remote_continents,
+        continent_prefixes=catalog.continent_prefixes,
+    )
+    monkeypatch.setattr(cli, "default_catalog", lambda: without_power)
+    code, out, err = run("plan", *SMALL, "--energy")
+    assert code == 2, out
+    assert "no power data for GPU type 'A100-40'" in err
+    assert len(err.strip().splitlines()) == 1
