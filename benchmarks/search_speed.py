@@ -9,7 +9,7 @@ then not comparable). One process, no sampling. Sailor's published times are bes
     python benchmarks/search_speed.py            # all clusters
     python benchmarks/search_speed.py --only 1 2 # a subset (row numbers)
     python benchmarks/search_speed.py --top 3    # best plan plus two alternatives
-    python benchmarks/search_speed.py --deep     # adds row 6, the known slow case (minutes)
+    python benchmarks/search_speed.py --deep     # adds row 6, the known slow case (tens of s)
 
 Profiles: the measured Sailor artifact (A100-40, V100-16, GH200-96 for OPT-350M) when
 `../shared/reference/sailor-artifact` sits beside the checkout, else roofline estimates
@@ -74,9 +74,10 @@ CLUSTERS: list[tuple[str, list[tuple[str, str, int]], float | None]] = [
     ),
 ]
 
-# The known weak spot, a deep pipeline of a large model (50 layers, best plan 18 stages):
-# not in the default table because it takes minutes. The artifact has no OPT-30B profile,
-# so both types are planned on make_plan's roofline estimates.
+# The known weak spot, a deep pipeline of a large model (50 layers; the best plan has 7
+# stages): not in the default table because it takes tens of seconds. The artifact measured
+# OPT-30B on other GPU types, so A100-80 and H100-80 are planned on make_plan's roofline
+# estimates.
 DEEP = (
     "OPT-30B on 64 A100-80 + 32 H100-80",
     [("A100-80", "us-central1-a", 64), ("H100-80", "us-central1-a", 32)],
