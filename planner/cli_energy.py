@@ -9,11 +9,13 @@ planner core: `pip install 'sailplan[plot]'`), and re-ranks candidate plans for 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
 from sailplan.planner.catalog import Catalog
 from sailplan.planner.cli_inputs import InputError
+from sailplan.planner.cli_sources import plan_context
 from sailplan.planner.cluster import ClusterSnapshot
 from sailplan.planner.energy import EnergyError, EnergyReport, FrontierPoint, plan_energy, usd_for
 from sailplan.planner.plan import Plan
@@ -32,27 +34,14 @@ def check_price(usd_per_kwh: float | None) -> None:
 def context_for(
     plan: Plan, cluster: ClusterSnapshot, measured: ProfileSet | None, catalog: Catalog
 ) -> PlanningContext:
-    """The context the plan was priced in: measured profiles where given, estimates elsewhere
-    (make_plan completes profiles the same way)."""
+    """The context the plan was priced in (cli_sources.plan_context), with the model's
+    remaining estimates completed as make_plan completes them."""
+    context = plan_context(plan, cluster, measured, catalog)
     types = sorted({w.gpu_type for w in plan.workers()})
-    tps = sorted({s.tensor_parallel for s in plan.stages})
     profiles = complete_profiles(
-        plan.model,
-        types,
-        tps,
-        [plan.micro_batch_size],
-        measured=measured or ProfileSet(),
-        catalog=catalog,
-        optimizer=plan.optimizer,
+        plan.model, types, [], [], measured=context.profiles, catalog=catalog
     )
-    profiles = complete_profiles(plan.model, types, [], [], measured=profiles, catalog=catalog)
-    return PlanningContext(
-        model=plan.model,
-        cluster=cluster,
-        profiles=profiles,
-        catalog=catalog,
-        optimizer=plan.optimizer,
-    )
+    return dataclasses.replace(context, profiles=profiles)
 
 
 def report_for(plan: Plan, context: PlanningContext, frontier: bool) -> EnergyReport:

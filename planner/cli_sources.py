@@ -107,10 +107,11 @@ def load_plan_file(path: Path, catalog: Catalog, model_name: str | None) -> Load
     return LoadedPlan(plan, cluster_of(plan, catalog))
 
 
-def simulate_plan(loaded: LoadedPlan, measured: ProfileSet | None, catalog: Catalog) -> Predictions:
-    """simulate() the plan with measured profiles where given, estimates elsewhere."""
-    plan = loaded.plan
-    measured = measured or ProfileSet()
+def plan_context(
+    plan: Plan, cluster: ClusterSnapshot, measured: ProfileSet | None, catalog: Catalog
+) -> PlanningContext:
+    """The context to price `plan` in: measured profiles where given, estimates for the plan's
+    GPU types, TP degrees and micro-batch size elsewhere (as make_plan completes them)."""
     types = sorted({w.gpu_type for w in plan.workers()})
     tps = sorted({s.tensor_parallel for s in plan.stages})
     profiles = complete_profiles(
@@ -118,17 +119,23 @@ def simulate_plan(loaded: LoadedPlan, measured: ProfileSet | None, catalog: Cata
         types,
         tps,
         [plan.micro_batch_size],
-        measured=measured,
+        measured=measured or ProfileSet(),
         catalog=catalog,
         optimizer=plan.optimizer,
     )
-    context = PlanningContext(
+    return PlanningContext(
         model=plan.model,
-        cluster=loaded.cluster,
+        cluster=cluster,
         profiles=profiles,
         catalog=catalog,
         optimizer=plan.optimizer,
     )
+
+
+def simulate_plan(loaded: LoadedPlan, measured: ProfileSet | None, catalog: Catalog) -> Predictions:
+    """simulate() the plan with measured profiles where given, estimates elsewhere."""
+    plan = loaded.plan
+    context = plan_context(plan, loaded.cluster, measured, catalog)
     try:
         return simulate(plan, context)
     except MissingProfileError as error:
