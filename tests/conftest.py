@@ -87,6 +87,15 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         log(f"build failed: {error}")
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    # Kept on the item so a fixture's teardown can tell that its test failed and print what
+    # explains it (the operator's log), which a CI report otherwise lacks.
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
 @dataclass
 class _Backend:
     kubeconfig: Path

@@ -12,6 +12,7 @@ import pytest
 from kubernetes import client
 from operator_builders import JOB_SPEC, make_plan, pool
 from operator_process import OperatorProcess
+from outcome import failed
 from waiting import wait_for
 
 from sailplan.operator.api.common import GROUP, VERSION
@@ -67,7 +68,13 @@ JOB_LABEL = "sailplan.dev/job"
 
 @pytest.fixture
 def operator(
-    kubeconfig: str, namespace: str, crds: None, k8s_api: Any, tmp_path: Path
+    *,
+    kubeconfig: str,
+    namespace: str,
+    crds: None,
+    k8s_api: Any,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> Iterator[OperatorProcess]:
     running = OperatorProcess(kubeconfig, namespace, tmp_path / "operator.log")
     running.start()
@@ -75,6 +82,9 @@ def operator(
         yield running
     finally:
         running.stop()
+        if failed(request):
+            # Shown under "Captured stdout teardown": what the operator did while it failed.
+            print("\n".join(["-- operator log (last 80 lines)", *running.log_tail(80)]))
         # Free the GPUs for the next test: delete the jobs, wait for their pods to go.
         custom = client.CustomObjectsApi(k8s_api)
         core = client.CoreV1Api(k8s_api)

@@ -71,7 +71,26 @@ def wait_phase(
         job = get_job(k8s_api, namespace, name)
         return job if (job.get("status") or {}).get("phase") in phases else None
 
-    job: dict[str, Any] = wait_for(f"TrainingJob {name} in {phases}", settled, timeout_s)
+    def explain() -> str:
+        status = get_job(k8s_api, namespace, name).get("status") or {}
+        conditions = [
+            f"  {c['type']}={c['status']} {c.get('reason', '')}: {c.get('message', '')}"
+            for c in status.get("conditions", [])
+        ]
+        pods = [
+            f"  {p.metadata.name} {p.status.phase} on {p.spec.node_name}"
+            for p in pods_of(k8s_api, namespace, name)
+        ]
+        nodes = [
+            f"  {n.metadata.name} unschedulable={bool(n.spec.unschedulable)} "
+            f"taints={[t.key for t in n.spec.taints or ()]}"
+            for n in client.CoreV1Api(k8s_api).list_node().items
+        ]
+        return "\n".join(
+            [f"phase {status.get('phase')!r}", *conditions, "pods:", *pods, "nodes:", *nodes]
+        )
+
+    job: dict[str, Any] = wait_for(f"TrainingJob {name} in {phases}", settled, timeout_s, explain)
     return job
 
 
