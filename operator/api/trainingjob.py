@@ -38,11 +38,19 @@ MAX_NAME_LENGTH: Final = 40
 
 # -- phases, condition types and reasons -----------------------------------------------------
 Phase = Literal[
-    "Pending", "Running", "Replanning", "Succeeded", "Failed", "Unschedulable", "Invalid"
+    "Pending",
+    "Running",
+    "Replanning",
+    "Suspended",
+    "Succeeded",
+    "Failed",
+    "Unschedulable",
+    "Invalid",
 ]
 PHASE_PENDING: Final = "Pending"
 PHASE_RUNNING: Final = "Running"
 PHASE_REPLANNING: Final = "Replanning"
+PHASE_SUSPENDED: Final = "Suspended"  # spec.suspend: workers draining or gone
 PHASE_SUCCEEDED: Final = "Succeeded"
 PHASE_FAILED: Final = "Failed"
 PHASE_UNSCHEDULABLE: Final = "Unschedulable"
@@ -64,6 +72,8 @@ COND_SUCCEEDED: Final = "Succeeded"
 COND_FAILED: Final = "Failed"
 COND_PROFILES_MEASURED: Final = "ProfilesMeasured"
 COND_PLANNING: Final = "Planning"  # True while the planner searches for this job
+# batch/v1 Job's name and reasons, so Kueue-aware tools read a suspended job the same way.
+COND_SUSPENDED: Final = "Suspended"
 
 REASON_VALID: Final = "Valid"
 REASON_UNKNOWN_MODEL: Final = "UnknownModel"
@@ -95,6 +105,11 @@ REASON_DEADLINE_BEST_PLAN: Final = "DeadlineReachedBestPlan"
 REASON_INFEASIBLE: Final = "Infeasible"  # the message starts with the planner's code
 REASON_SEARCH_FAILED: Final = "SearchFailed"
 REASON_SEARCH_NOT_NEEDED: Final = "SearchNotNeeded"
+# Suspended: workers checkpoint and exit, then none remain; False once resumed.
+REASON_SUSPENDING: Final = "Suspending"
+REASON_JOB_SUSPENDED: Final = "JobSuspended"
+REASON_JOB_RESUMED: Final = "JobResumed"
+REASON_SUSPENDED: Final = "Suspended"  # Running/Planned/Replanning while suspended
 
 
 # -- spec --------------------------------------------------------------------------------------
@@ -361,6 +376,15 @@ class PlanningPolicy(KubeModel):
 
 
 class TrainingJobSpec(KubeModel):
+    suspend: bool = Field(
+        default=False,
+        description="true: the job runs no worker pods and holds no GPUs. Set on a running "
+        "job, its workers checkpoint and exit (as for a planned switch, within "
+        "replan.drainTimeoutSeconds) and are deleted; set back to false, the job plans "
+        "anew on the capacity of that moment and resumes from its last checkpoint. A job "
+        "created suspended does not plan until resumed (what Kueue's admission does "
+        "through the kueue.x-k8s.io/queue-name label)",
+    )
     model: ModelRef = Field(json_schema_extra={"x-kubernetes-validations": IMMUTABLE_MODEL})
     training: TrainingSettings
     pools: PoolSelection = PoolSelection()

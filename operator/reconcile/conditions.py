@@ -5,6 +5,7 @@ can be made, the job waits for profiles, the plan it runs, the replan machine's 
 workers) and `conditions(facts)` turns them into conditions through `CONDITIONS`: one rule
 per condition type, each returning the condition or None to leave it as it is. What each
 condition means is read in one place, and a pass never sets the same type twice.
+Suspended (batch/v1 Job's type and reasons) follows spec.suspend.
 Valid and Schedulable are the positive-polarity twins of Invalid and Unschedulable (one
 rule, status flipped), and Complete (batch/v1 Job's name) is set with Succeeded, so
 `kubectl wait --for=condition=Complete` and tools that expect True-is-good both work.
@@ -63,6 +64,13 @@ class Facts:
     replan: ReplanState | None = None  # the replan machine's state, once a plan runs
     workers: WorkerCounts | None = None  # of the current generation and attempt
     workers_problem: str = ""  # why the workers cannot be rendered (a pool is gone)
+    # spec.suspend: REASON_SUSPENDING (workers drain), REASON_JOB_SUSPENDED (none remain),
+    # REASON_JOB_RESUMED (the pass after spec.suspend was unset); None: not suspended.
+    suspension: str | None = None
+
+    @property
+    def suspended(self) -> bool:
+        return self.suspension in (api.REASON_SUSPENDING, api.REASON_JOB_SUSPENDED)
 
     @property
     def all_succeeded(self) -> bool:
@@ -100,6 +108,8 @@ def _planned(f: Facts) -> Verdict | None:
         return False, f.invalid.reason, "the spec is invalid"
     if f.plan is not None:
         return True, f.plan.reason, f"generation {f.plan.generation}: {f.plan.summary}"
+    if f.suspended:
+        return False, api.REASON_SUSPENDED, "spec.suspend is true: the job plans when resumed"
     blocked = f.unschedulable or f.awaiting_profiles
     return (False, blocked.reason, blocked.message) if blocked is not None else None
 
@@ -130,11 +140,15 @@ def _profiles_measured(f: Facts) -> Verdict | None:
 def _replanning(f: Facts) -> Verdict | None:
     if f.replan is None:
         return None
+    if f.suspended:
+        return False, api.REASON_SUSPENDED, ""
     replanning = machine.replanning_condition(f.replan, f.generation)
     return replanning.status == "True", replanning.reason, replanning.message
 
 
 def _running(f: Facts) -> Verdict | None:
+    if f.suspended:
+        return False, api.REASON_SUSPENDED, "spec.suspend is true"
     state, workers = f.replan, f.workers
     if state is None or workers is None:
         return None
@@ -166,6 +180,20 @@ def _failed(f: Facts) -> Verdict | None:
     return None
 
 
+_SUSPENSION_MESSAGES = {
+    api.REASON_SUSPENDING: "spec.suspend is true: workers checkpoint and exit",
+    api.REASON_JOB_SUSPENDED: "spec.suspend is true: no workers run and no GPUs are held",
+    api.REASON_JOB_RESUMED: "spec.suspend is false: the job plans anew and resumes from its "
+    "last checkpoint",
+}
+
+
+def _suspended(f: Facts) -> Verdict | None:
+    if f.suspension is None:
+        return None
+    return f.suspended, f.suspension, _SUSPENSION_MESSAGES[f.suspension]
+
+
 def _opposite(rule: Rule) -> Rule:
     """The positive-polarity twin of a negative condition: same reason, status flipped."""
 
@@ -188,6 +216,7 @@ CONDITIONS: tuple[tuple[str, Rule], ...] = (
     (api.COND_COMPLETE, _succeeded),
     (api.COND_SUCCEEDED, _succeeded),
     (api.COND_FAILED, _failed),
+    (api.COND_SUSPENDED, _suspended),
 )
 
 
@@ -205,6 +234,8 @@ def phase_of(facts: Facts) -> str:
     """The job's phase for a pass whose job has a replan state (a plan runs or is rolled
     out): the replan machine's when it implies one, else the workers'."""
     assert facts.replan is not None
+    if facts.suspended:
+        return api.PHASE_SUSPENDED
     implied = machine.job_phase(facts.replan)
     if implied is not None:
         return implied

@@ -64,6 +64,7 @@ from sailplan.operator.replan.decision import (
 )
 from sailplan.operator.replan.state import (
     PHASE_DRAINING,
+    PHASE_SUSPENDED,
     PHASE_SWITCHING,
     ReplanState,
 )
@@ -219,6 +220,7 @@ _EVENT_CONDITIONS = (
     api.COND_RUNNING,
     api.COND_SUCCEEDED,
     api.COND_FAILED,
+    api.COND_SUSPENDED,
 )
 
 
@@ -302,6 +304,10 @@ def reconcile(
     # Generations of stale plans still count, so new names never collide with them.
     taken = tuple(p.generation for p in observed.plans)
     observed = _mine(observed)
+    if job.spec.suspend and not observed.plans and status.replan is None:
+        # Never planned (created suspended, or suspended before its first plan): no plan,
+        # no profiling Jobs, nothing reserved until spec.suspend is false.
+        return _with_planning(_suspended_unplanned(observed, status, now), None, now)
     profiling = _profiling(observed, model, status)
     asked = _AskedPlanner(planner)
     if not observed.plans and status.replan is None:
@@ -320,7 +326,31 @@ def reconcile(
             now=now,
             config=effective_config(config or ReplanConfig(), job),
         )
-    return _with_planning(_with_profiling(outcome, profiling, now), asked.answer, now)
+    outcome = _with_planning(_with_profiling(outcome, profiling, now), asked.answer, now)
+    return _resumed(observed, outcome, now)
+
+
+def _suspended_unplanned(observed: Observed, status: TrainingJobStatus, now: datetime) -> Outcome:
+    facts = Facts(observed.job.generation, suspension=api.REASON_JOB_SUSPENDED)
+    status = status.model_copy(update={"phase": api.PHASE_SUSPENDED, "workers": WorkerCounts()})
+    return _finish(observed, _concluded(status, facts, now))
+
+
+def _resumed(observed: Observed, outcome: Outcome, now: datetime) -> Outcome:
+    """Suspended turns False (reason JobResumed) on the first pass after spec.suspend was
+    unset, whichever path the pass took."""
+    was = find_condition(observed.job.status.conditions, api.COND_SUSPENDED)
+    if observed.job.spec.suspend or was is None or was.status != "True":
+        return outcome
+    generation = observed.job.generation
+    resumed = conditions(Facts(generation, spec_checked=False, suspension=api.REASON_JOB_RESUMED))
+    status = _with_conditions(outcome.status, resumed, now)
+    return replace(outcome, status=status, events=(*outcome.events, *_resume_event(status)))
+
+
+def _resume_event(status: TrainingJobStatus) -> list[KubeEvent]:
+    condition = find_condition(status.conditions, api.COND_SUSPENDED)
+    return [KubeEvent("Normal", api.REASON_JOB_RESUMED, condition.message)] if condition else []
 
 
 def _with_planning(outcome: Outcome, answer: PlannerAnswer | None, now: datetime) -> Outcome:
@@ -365,6 +395,7 @@ def _with_profiling(outcome: Outcome, profiling: ProfilingStep | None, now: date
     """Profiling Jobs go first (the handler creates non-pods before pods anyway), and the
     Profiling condition joins the one status write."""
     if profiling is None or outcome.status.phase in (
+        api.PHASE_SUSPENDED,
         api.PHASE_INVALID,
         api.PHASE_SUCCEEDED,
         api.PHASE_FAILED,
@@ -755,6 +786,13 @@ def _run(
         succeeded=phases.count("Succeeded"),
         failed=phases.count("Failed"),
     )
+    suspension = None
+    if job.spec.suspend:
+        # Suspended once no pod of the job is left (deleting ones still hold their GPUs).
+        gone = state.phase == PHASE_SUSPENDED and not observed.pods
+        suspension = api.REASON_JOB_SUSPENDED if gone else api.REASON_SUSPENDING
+    if state.phase == PHASE_SUSPENDED:
+        counts = WorkerCounts()
     planned_reason = api.REASON_PLAN_ADOPTED if adopted else api.REASON_PLAN_CREATED
     previous = find_condition(status.conditions, api.COND_PLANNED)
     if not adopted and status.plan is not None and status.plan.generation != state.generation:
@@ -771,6 +809,7 @@ def _run(
         replan=state,
         workers=counts,
         workers_problem=done.render_problem,
+        suspension=suspension,
     )
 
     progress = status.progress

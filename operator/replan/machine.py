@@ -5,12 +5,14 @@
     Running(N) --real failure------> Switching(N, attempt+1, after backoff) --> Running(N)
     Running/Waiting --no capacity--> Waiting --capacity returns--> Switching(N+1)
     Running(N) --budget spent------> Failed
+    any --spec.suspend--> Draining(suspend) --> Suspended --resumed--> Switching(N+1) | Waiting
 
 Draining asks every worker for a checkpoint (CHECKPOINT_REQUEST_ANNOTATION) and waits, at
 most `drain_timeout_seconds`, for their clean exit or a newer complete checkpoint in the
 progress they report. Switching deletes every pod that is not the target's and creates
 the target's pods only once the old ones are gone, so two generations never train (or
-write checkpoints) at the same time.
+write checkpoints) at the same time. Suspending (spec.suspend) drains the same way, then
+deletes every pod and holds none; resuming replans from nothing, like capacity returning.
 
 Pure and deterministic: the same state and inputs give the same result, and every action
 is safe to repeat (annotate to a fixed value, delete what exists, create by fixed name
@@ -43,6 +45,7 @@ from sailplan.operator.replan.state import (
     PHASE_DRAINING,
     PHASE_FAILED,
     PHASE_RUNNING,
+    PHASE_SUSPENDED,
     PHASE_SWITCHING,
     PHASE_WAITING,
     FailureBudget,
@@ -135,9 +138,16 @@ def history_entry(record: SwitchRecord) -> api.PlanHistoryEntry:
     )
 
 
+def suspending(state: ReplanState) -> bool:
+    """The state drains for spec.suspend or is suspended (no switch is under way)."""
+    return state.phase == PHASE_SUSPENDED or (
+        state.phase == PHASE_DRAINING and state.trigger == t.SUSPENDED
+    )
+
+
 def replanning_condition(state: ReplanState, generation: int) -> Condition:
     """status.conditions[Replanning]: True while a switch or a wait is under way."""
-    busy = state.phase in (PHASE_DRAINING, PHASE_SWITCHING, PHASE_WAITING)
+    busy = state.phase in (PHASE_DRAINING, PHASE_SWITCHING, PHASE_WAITING) and not suspending(state)
     reason = (state.trigger or state.phase) if busy else api.REASON_NOT_REPLANNING
     message = f"{state.phase}: {state.message}" if busy else ""
     return Condition(
@@ -151,6 +161,10 @@ def replanning_condition(state: ReplanState, generation: int) -> Condition:
 
 def job_phase(state: ReplanState) -> str | None:
     """The TrainingJob phase the replan state implies; None = the reconcile's own (from pods)."""
+    if suspending(state):
+        # Suspended phase only while spec.suspend holds (the reconcile says so); a resumed
+        # job still in this state waits for its new plan.
+        return api.PHASE_PENDING
     return {
         PHASE_DRAINING: api.PHASE_REPLANNING,
         PHASE_SWITCHING: api.PHASE_REPLANNING,
@@ -182,6 +196,12 @@ def next_state(
 def _step(
     state: ReplanState, inputs: ReplanInputs, now: datetime, context: ReplanContext
 ) -> tuple[ReplanState, list[Action]]:
+    if state.phase == PHASE_FAILED:
+        return state, []  # terminal, suspended or not
+    if inputs.job.spec.suspend:
+        return _suspend(state, inputs, now, context)
+    if suspending(state):
+        return _resume(state, inputs, now, context)
     if state.phase == PHASE_RUNNING:
         return _running(state, inputs, now, context)
     if state.phase == PHASE_DRAINING:
@@ -190,7 +210,7 @@ def _step(
         return _switching(state, inputs, now)
     if state.phase == PHASE_WAITING:
         return _waiting(state, inputs, now, context)
-    return state, []  # Failed is terminal
+    return state, []
 
 
 def _current(state: ReplanState, inputs: ReplanInputs) -> list[t.WorkerPod]:
@@ -452,9 +472,17 @@ def _failed(
     return switching, [EmitEvent(event)] if fresh else []
 
 
-def _draining(
-    state: ReplanState, inputs: ReplanInputs, now: datetime, context: ReplanContext
-) -> tuple[ReplanState, list[Action]]:
+@dataclass(frozen=True)
+class _Drain:
+    """How a drain stands: over (clean exit, a newer checkpoint, the timeout, or workers
+    that died meanwhile), or which running workers still have to be asked."""
+
+    over: bool
+    seconds: float | None  # checkpoint request to clean end; None unless clean
+    ask: tuple[str, ...]
+
+
+def _drain(state: ReplanState, inputs: ReplanInputs, now: datetime, timeout: float) -> _Drain:
     mine = _current(state, inputs)
     running = [p for p in mine if not p.finished and not p.deleting]
     report = t.classify_pods(mine, inputs.nodes)
@@ -463,18 +491,88 @@ def _draining(
     newer = checkpoint is not None and (
         state.drain_checkpoint_step is None or checkpoint > state.drain_checkpoint_step
     )
-    timed_out = now - started >= timedelta(seconds=context.config.drain_timeout_seconds)
+    timed_out = now - started >= timedelta(seconds=timeout)
     clean = not running or newer
-    if clean or timed_out or report.disrupted or report.failed:
-        measured = (now - started).total_seconds() if clean else state.last_drain_seconds
+    over = clean or timed_out or bool(report.disrupted) or bool(report.failed)
+    ask = tuple(sorted(p.name for p in running if p.checkpoint_request != str(state.generation)))
+    return _Drain(over, (now - started).total_seconds() if clean else None, ask)
+
+
+def _draining(
+    state: ReplanState, inputs: ReplanInputs, now: datetime, context: ReplanContext
+) -> tuple[ReplanState, list[Action]]:
+    drain = _drain(state, inputs, now, context.config.drain_timeout_seconds)
+    if drain.over:
+        measured = drain.seconds if drain.seconds is not None else state.last_drain_seconds
         return (
             state.model_copy(
                 update={"phase": PHASE_SWITCHING, "since": now, "last_drain_seconds": measured}
             ),
             [],
         )
-    ask = tuple(sorted(p.name for p in running if p.checkpoint_request != str(state.generation)))
-    return state, [RequestCheckpoint(ask, state.generation)] if ask else []
+    return state, [RequestCheckpoint(drain.ask, state.generation)] if drain.ask else []
+
+
+def _suspend(
+    state: ReplanState, inputs: ReplanInputs, now: datetime, context: ReplanContext
+) -> tuple[ReplanState, list[Action]]:
+    """spec.suspend: running workers checkpoint and exit as for a planned switch (a switch
+    under way is abandoned), then every pod is deleted and none is created until resumed."""
+    live = _live(list(inputs.pods))
+    if state.phase == PHASE_SUSPENDED:
+        return state, [DeletePods(live)] if live else []
+    message = "spec.suspend is true"
+    running = [p for p in _current(state, inputs) if not p.finished and not p.deleting]
+    if state.phase == PHASE_DRAINING and state.trigger == t.SUSPENDED:
+        drain = _drain(state, inputs, now, context.config.drain_timeout_seconds)
+        if not drain.over:
+            return state, [RequestCheckpoint(drain.ask, state.generation)] if drain.ask else []
+    elif state.phase in (PHASE_RUNNING, PHASE_DRAINING) and running:
+        # A planned switch's drain already asked for the checkpoint: it keeps its clock.
+        switching = state.phase == PHASE_DRAINING
+        draining = state.model_copy(
+            update={
+                "phase": PHASE_DRAINING,
+                "trigger": t.SUSPENDED,
+                "message": f"{message}: workers checkpoint and exit",
+                "since": state.since if switching else now,
+                "drain_checkpoint_step": (
+                    state.drain_checkpoint_step if switching else inputs.last_checkpoint_step
+                ),
+                "target_generation": None,
+                "target_attempt": None,
+                "target_plan": None,
+                "not_before": None,
+            }
+        )
+        return draining, []
+    suspended = state.model_copy(
+        update={
+            "phase": PHASE_SUSPENDED,
+            "trigger": t.SUSPENDED,
+            "message": f"{message}: no workers run",
+            "since": now,
+            "target_generation": None,
+            "target_attempt": None,
+            "target_plan": None,
+            "not_before": None,
+            "drain_checkpoint_step": None,
+        }
+    )
+    return suspended, [DeletePods(live)] if live else []
+
+
+def _resume(
+    state: ReplanState, inputs: ReplanInputs, now: datetime, context: ReplanContext
+) -> tuple[ReplanState, list[Action]]:
+    """spec.suspend unset: plan anew on today's capacity, as when capacity returns to a
+    waiting job; the new generation's workers resume from the last checkpoint. A drain
+    still under way is cut short (its workers are deleted before the new ones start)."""
+    trigger = t.Trigger(
+        t.RESUMED, "spec.suspend was set to false", involuntary=True, graceful=False
+    )
+    fresh = dataclasses.replace(inputs, plan=None)
+    return _replan(state, fresh, now, context, trigger)
 
 
 def _switching(

@@ -24,11 +24,12 @@ from sailplan.planner.plan import Plan
 # The annotation an early version kept the state in; the state now lives in status.replan.
 STATE_ANNOTATION: Final = f"{GROUP}/replan-state"
 
-ReplanPhase = Literal["Running", "Draining", "Switching", "Waiting", "Failed"]
+ReplanPhase = Literal["Running", "Draining", "Switching", "Waiting", "Suspended", "Failed"]
 PHASE_RUNNING: Final = "Running"
 PHASE_DRAINING: Final = "Draining"
 PHASE_SWITCHING: Final = "Switching"
 PHASE_WAITING: Final = "Waiting"
+PHASE_SUSPENDED: Final = "Suspended"  # spec.suspend: no workers; resuming replans
 PHASE_FAILED: Final = "Failed"
 
 # Pod keys remembered by the failure budget; older ones belong to attempts long gone.
@@ -61,7 +62,8 @@ class FailureBudget(StatusModel):
 
 
 class ReplanState(StatusModel):
-    """Where the job is in Running -> Draining -> Switching -> Running (or Waiting, Failed).
+    """Where the job is in Running -> Draining -> Switching -> Running (or Waiting,
+    Suspended, Failed).
 
     `generation`/`attempt` name the pods that should be running now; `target_*` the ones a
     switch in progress will create. The `evaluated_*` fingerprints say which cluster

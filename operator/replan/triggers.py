@@ -50,6 +50,8 @@ CLUSTER_CHANGED: Final = "ClusterChanged"
 WORKER_FAILED: Final = "WorkerFailed"
 CAPACITY_RETURNED: Final = "CapacityReturned"
 PROFILES_MEASURED: Final = "ProfilesMeasured"
+SUSPENDED: Final = "Suspended"  # spec.suspend set: drain, then no workers
+RESUMED: Final = "Resumed"  # spec.suspend unset: plan anew from the last checkpoint
 
 # The kubelet, scheduler, taint manager and eviction API mark a pod they kill with the
 # DisruptionTarget condition (k8s >= 1.26); older paths only leave a status.reason.
