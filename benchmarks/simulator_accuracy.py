@@ -17,6 +17,12 @@ reports 6% (time) and 5.56% (memory) on the same runs.
 
     python benchmarks/simulator_accuracy.py            # table with the shipped constants
     python benchmarks/simulator_accuracy.py --refit    # plus the fit and leave-one-out
+    python benchmarks/simulator_accuracy.py --validation <runs> --model GPT-Neo-2.7B
+
+`--validation` takes any folder of Sailor plan files with measurements (the artifact's
+profiles and network fits still come from `--artifact`); a grid point the artifact did not
+measure is estimated (profiles.estimate.complete_profiles) and its row is marked `est`.
+Runs without a measured peak memory print `-` and stay out of the memory error.
 """
 
 from __future__ import annotations
@@ -29,10 +35,16 @@ from pathlib import Path
 
 import numpy as np
 
-from sailplan.planner.catalog import default_catalog
+from sailplan.planner.catalog import CatalogError, default_catalog
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.profiles.cleaning import monotone_in_micro_batch
-from sailplan.planner.profiles.sailor import SailorPlan, import_artifact, load_validation_plans
+from sailplan.planner.profiles.estimate import complete_profiles
+from sailplan.planner.profiles.sailor import (
+    SailorFormatError,
+    SailorPlan,
+    import_artifact,
+    load_validation_plans,
+)
 from sailplan.planner.profiles.types import ProfileSet
 from sailplan.planner.simulator import (
     DEFAULT_CONSTANTS,
@@ -59,9 +71,17 @@ def errors(
             model=model, cluster=run.cluster, profiles=profiles, constants=constants
         )
         predicted = simulate(run.plan, context)
+        measured = all(
+            (found := profiles.compute_profile(model.name, r.gpu_type, s.tensor_parallel, mbs))
+            is not None
+            and found.provenance.source == "measured"
+            for s in run.plan.stages
+            for r in s.replicas
+            for mbs in (run.plan.micro_batch_size,)
+        )
         rows.append(
             (
-                name,
+                name if measured else f"{name} est",
                 run.measured_iteration_seconds or 0.0,
                 predicted.iteration_seconds,
                 float(run.measured_peak_memory_bytes or 0),
@@ -118,8 +138,12 @@ def fit_memory(
 
 
 def fit(runs: Runs, model: ModelSpec, profiles: ProfileSet) -> SimulatorConstants:
-    """The only fitted constants: the two memory terms (time has none to fit)."""
-    return fit_memory(runs, model, profiles, DEFAULT_CONSTANTS)
+    """The only fitted constants: the two memory terms (time has none to fit), on the runs
+    that measured peak memory (the shipped constants where none did)."""
+    with_memory = [(name, run) for name, run in runs if run.measured_peak_memory_bytes]
+    if len(with_memory) < 2:
+        return DEFAULT_CONSTANTS
+    return fit_memory(with_memory, model, profiles, DEFAULT_CONSTANTS)
 
 
 def is_small(run: SailorPlan) -> bool:
@@ -158,13 +182,18 @@ def print_table(rows: list[tuple[str, float, float, float, float]], title: str) 
     print(header)
     print("-" * len(header))
     for name, real_t, sim_t, real_m, sim_m in rows:
-        print(
-            f"{name:<16}{real_t:>9.3f}{sim_t:>9.3f}{100 * (sim_t - real_t) / real_t:>+8.1f}"
+        memory = (
             f"{real_m / 1e9:>10.2f}{sim_m / 1e9:>9.2f}{100 * (sim_m - real_m) / real_m:>+8.1f}"
+            if real_m > 0
+            else f"{'-':>10}{sim_m / 1e9:>9.2f}{'-':>8}"
+        )
+        print(
+            f"{name:<16}{real_t:>9.3f}{sim_t:>9.3f}{100 * (sim_t - real_t) / real_t:>+8.1f}{memory}"
         )
     time_mae = mae([(r[1], r[2]) for r in rows])
-    mem_mae = mae([(r[3], r[4]) for r in rows])
-    print(f"MAE: iteration time {100 * time_mae:.2f}%, peak memory {100 * mem_mae:.2f}%")
+    with_memory = [(r[3], r[4]) for r in rows if r[3] > 0]
+    memory_mae = f"{100 * mae(with_memory):.2f}%" if with_memory else "not measured"
+    print(f"MAE: iteration time {100 * time_mae:.2f}%, peak memory {memory_mae}")
     print()
 
 
@@ -173,14 +202,45 @@ def main() -> int:
     parser.add_argument(
         "--refit", action="store_true", help="memory fits, cross-validation and regret"
     )
+    parser.add_argument(
+        "--artifact", type=Path, default=ARTIFACT, help="Sailor artifact (profiles, network)"
+    )
+    parser.add_argument(
+        "--validation",
+        type=Path,
+        default=None,
+        help="folder of Sailor plan files with measurements "
+        "(default: <artifact>/validation/gh200-opt350)",
+    )
+    parser.add_argument("--model", default="OPT-350M", help="catalog model the runs trained")
     args = parser.parse_args()
-    if not VALIDATION.is_dir():
-        print(f"skipped: the Sailor artifact is not at {ARTIFACT}", file=sys.stderr)
-        return 0
+    validation = args.validation or args.artifact / "validation" / "gh200-opt350"
+    if not validation.is_dir():
+        if args.validation is None:
+            print(f"skipped: the Sailor artifact is not at {args.artifact}", file=sys.stderr)
+            return 0
+        print(f"error: no folder of runs at {validation}", file=sys.stderr)
+        return 2
     catalog = default_catalog()
-    model = catalog.model("OPT-350M")
-    profiles = monotone_in_micro_batch(import_artifact(ARTIFACT, catalog).profiles)
-    runs = load_validation_plans(VALIDATION, model, catalog)
+    try:
+        model = catalog.model(args.model)
+        runs = load_validation_plans(validation, model, catalog)
+    except (CatalogError, SailorFormatError, ValueError) as error:
+        print(f"error: {str(error).splitlines()[0]}", file=sys.stderr)
+        return 2
+    if not runs:
+        print(f"error: no plan_config_*.json runs in {validation}", file=sys.stderr)
+        return 2
+    measured = monotone_in_micro_batch(import_artifact(args.artifact, catalog).profiles)
+    plans = [run.plan for _, run in runs]
+    profiles = complete_profiles(
+        model,
+        sorted({w.gpu_type for p in plans for w in p.workers()}),
+        sorted({s.tensor_parallel for p in plans for s in p.stages}),
+        sorted({p.micro_batch_size for p in plans}),
+        measured=measured,
+        catalog=catalog,
+    )
 
     c = DEFAULT_CONSTANTS
     print_table(

@@ -221,34 +221,41 @@ def plan_from_sailor(doc: Mapping[str, Any], model: ModelSpec, catalog: Catalog)
 
     Sailor lists, per stage, its data-parallel replicas as `[[[gpu, gpus_per_vm, zone]], tp]`.
     Each distinct (GPU type, zone, GPUs per VM) becomes a pool, with as many nodes as the
-    plan uses (a TP group fills ceil(tp / gpus_per_vm) VMs).
+    plan uses (a TP group fills ceil(tp / gpus_per_vm) VMs). Several pipelines with the same
+    stage boundaries are data-parallel replicas of one pipeline and are merged; pipelines
+    with different boundaries have no Plan equivalent and are refused with the difference.
     """
     try:
-        pipelines = doc["pipeline_list"]
-        if len(pipelines) != 1:
-            raise SailorFormatError(
-                f"plans with {len(pipelines)} different pipelines are not supported (one expected)"
-            )
-        pipeline = pipelines[0]
+        pipelines = list(doc["pipeline_list"])
         mbs = int(doc["mbs"])
         gbs = int(doc["gbs"])
-        layers_per_stage = pipeline["layers_per_stage"]
-        tmp_per_stage = pipeline["tmp_per_stage"]
-    except (KeyError, TypeError, IndexError) as error:
+        splits = [[list(stage) for stage in p["layers_per_stage"]] for p in pipelines]
+        groups_per_pipeline = [p["tmp_per_stage"] for p in pipelines]
+    except (KeyError, TypeError, IndexError, ValueError) as error:
         raise SailorFormatError(f"not a Sailor plan: missing {error}") from error
+    if not pipelines:
+        raise SailorFormatError("not a Sailor plan: pipeline_list is empty")
+    for index, split in enumerate(splits[1:], start=1):
+        if split != splits[0]:
+            raise SailorFormatError(
+                f"pipeline {index} splits the layers as {_layer_ranges(split)}, pipeline 0 as "
+                f"{_layer_ranges(splits[0])}: pipelines with different stage boundaries are "
+                "not supported"
+            )
 
     pools: dict[tuple[str, str, int], int] = {}
     stages: list[Stage] = []
-    for layers, groups in zip(layers_per_stage, tmp_per_stage, strict=True):
+    for stage_index, layers in enumerate(splits[0]):
         replicas: list[Replica] = []
         tps: set[int] = set()
-        for vms, tp in groups:
-            gpu_name, per_vm, zone = vms[0]
-            gpu = catalog.resolve_gpu(str(gpu_name))
-            key = (gpu, str(zone), int(per_vm))
-            pools[key] = pools.get(key, 0) + max(1, -(-int(tp) // int(per_vm)))
-            replicas.append(Replica(pool=_pool_name(key), gpu_type=gpu, zone=str(zone)))
-            tps.add(int(tp))
+        for groups in groups_per_pipeline:
+            for vms, tp in groups[stage_index]:
+                gpu_name, per_vm, zone = vms[0]
+                gpu = catalog.resolve_gpu(str(gpu_name))
+                key = (gpu, str(zone), int(per_vm))
+                pools[key] = pools.get(key, 0) + max(1, -(-int(tp) // int(per_vm)))
+                replicas.append(Replica(pool=_pool_name(key), gpu_type=gpu, zone=str(zone)))
+                tps.add(int(tp))
         if len(tps) != 1:
             raise SailorFormatError(f"stage with mixed TP degrees {sorted(tps)} is not supported")
         stages.append(
@@ -284,6 +291,10 @@ def plan_from_sailor(doc: Mapping[str, Any], model: ModelSpec, catalog: Catalog)
         measured_iteration_seconds=float(real) if real is not None else None,
         measured_peak_memory_bytes=int(mem) if mem is not None else None,
     )
+
+
+def _layer_ranges(split: list[list[Any]]) -> str:
+    return ", ".join(f"{stage[0]}-{stage[-1]}" for stage in split if stage)
 
 
 def _pool_name(key: tuple[str, str, int]) -> str:

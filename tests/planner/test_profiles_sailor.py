@@ -102,3 +102,45 @@ def test_plan_from_sailor_keeps_layers_replicas_and_batch_split() -> None:
 def test_plan_from_sailor_rejects_what_it_cannot_represent() -> None:
     with pytest.raises(SailorFormatError, match="not a Sailor plan"):
         plan_from_sailor({"mbs": 1}, default_catalog().model("OPT-350"), default_catalog())
+
+
+def _pipeline(split: list[list[int]], gpu: str, zone: str) -> dict[str, object]:
+    return {
+        "num_stages": len(split),
+        "layers_per_stage": split,
+        "tmp_per_stage": [[[[[gpu, 1, zone]], 1]] for _ in split],
+        "dp": [1] * len(split),
+    }
+
+
+def test_pipelines_with_the_same_boundaries_are_data_parallel_replicas_of_one_plan() -> None:
+    split = [list(range(13)), list(range(13, 26))]
+    doc = {
+        "pipeline_list": [
+            _pipeline(split, "Titan-RTX", "us-central1-a"),
+            _pipeline(split, "RTX-3090", "us-central1-a"),
+        ],
+        "mbs": 2,
+        "gbs": 16,
+    }
+    plan = plan_from_sailor(doc, default_catalog().model("OPT-350"), default_catalog()).plan
+    assert plan.data_parallel == 2
+    assert plan.num_micro_batches == 16 // (2 * 2)
+    # replica r of every stage belongs to pipeline r
+    assert [[r.gpu_type for r in s.replicas] for s in plan.stages] == [
+        ["Titan-RTX", "RTX-3090"],
+        ["Titan-RTX", "RTX-3090"],
+    ]
+
+
+def test_pipelines_with_different_boundaries_are_refused_naming_both_splits() -> None:
+    doc = {
+        "pipeline_list": [
+            _pipeline([list(range(13)), list(range(13, 26))], "Titan-RTX", "us-central1-a"),
+            _pipeline([list(range(10)), list(range(10, 26))], "RTX-3090", "us-central1-a"),
+        ],
+        "mbs": 1,
+        "gbs": 4,
+    }
+    with pytest.raises(SailorFormatError, match=r"0-9, 10-25.*0-12, 13-25"):
+        plan_from_sailor(doc, default_catalog().model("OPT-350"), default_catalog())
