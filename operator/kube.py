@@ -181,6 +181,22 @@ class Kube:
             if error.status != 404:
                 raise
 
+    def delete_job(self, namespace: str, name: str, uid: str) -> None:
+        """Delete a TrainingJob, only the one with `uid` (not a newer one of the same name);
+        its children go with it (ownerReferences)."""
+        options = client.V1DeleteOptions(
+            preconditions=client.V1Preconditions(uid=uid) if uid else None,
+            propagation_policy="Background",
+        )
+        try:
+            self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, namespace, JOBS, name, body=options
+            )
+        except ApiException as error:
+            # 404: gone already; 409: the uid precondition failed (a new job of that name).
+            if error.status not in (404, 409):
+                raise
+
     def delete_pod(self, namespace: str, name: str) -> None:
         self._unless_gone(self.core.delete_namespaced_pod, name, namespace)
 

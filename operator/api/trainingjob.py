@@ -110,6 +110,8 @@ REASON_SUSPENDING: Final = "Suspending"
 REASON_JOB_SUSPENDED: Final = "JobSuspended"
 REASON_JOB_RESUMED: Final = "JobResumed"
 REASON_SUSPENDED: Final = "Suspended"  # Running/Planned/Replanning while suspended
+# Failed: spec.activeDeadlineSeconds passed (batch/v1 Job's reason).
+REASON_DEADLINE_EXCEEDED: Final = "DeadlineExceeded"
 
 
 # -- spec --------------------------------------------------------------------------------------
@@ -385,6 +387,19 @@ class TrainingJobSpec(KubeModel):
         "created suspended does not plan until resumed (what Kueue's admission does "
         "through the kueue.x-k8s.io/queue-name label)",
     )
+    active_deadline_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        description="the job fails (condition Failed, reason DeadlineExceeded) and its "
+        "workers are deleted once it has been active this long since status.startTime; "
+        "time suspended does not count (startTime is set again when the job resumes)",
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        default=None,
+        ge=0,
+        description="the operator deletes the job (and with it every child) this long "
+        "after it Succeeded or Failed (status.completionTime); unset keeps it",
+    )
     model: ModelRef = Field(json_schema_extra={"x-kubernetes-validations": IMMUTABLE_MODEL})
     training: TrainingSettings
     pools: PoolSelection = PoolSelection()
@@ -467,11 +482,20 @@ class TrainingJobStatus(StatusModel):
     conditions: Conditions = Field(
         default=(),
         description="Valid, Planned, Planning, Schedulable, ProfilesMeasured, Profiling, "
-        "Running, Replanning, Complete, Failed, each with a reason. Complete=True when every "
+        "Running, Replanning, Complete, Failed, Suspended, each with a reason. Complete=True when every "
         "worker finished (`kubectl wait --for=condition=Complete`). Invalid, Unschedulable "
         "and Succeeded are kept for older clients: Invalid and Unschedulable are always the "
         "opposite of Valid and Schedulable, with the same reason and message; Succeeded "
         "equals Complete.",
+    )
+    start_time: datetime | None = Field(
+        default=None,
+        description="when the job last became active: created unsuspended, or resumed; "
+        "unset while suspended. spec.activeDeadlineSeconds counts from it",
+    )
+    completion_time: datetime | None = Field(
+        default=None,
+        description="when the job Succeeded or Failed; spec.ttlSecondsAfterFinished counts from it",
     )
     plan: PlanSummary | None = None
     history: tuple[PlanHistoryEntry, ...] = Field(default=(), max_length=MAX_HISTORY)

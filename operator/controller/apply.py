@@ -86,6 +86,14 @@ async def apply_outcome(
 ) -> None:
     """Write `outcome`; `requeue_after(seconds)` when the reconcile asks to be called back."""
     namespace = job.namespace
+    if outcome.delete_job:
+        log.info(
+            "deleting the job: spec.ttlSecondsAfterFinished has passed",
+            extra={"namespace": namespace, "trainingjob": job.name},
+        )
+        await run_blocking(kube.delete_job, namespace, job.name, job.uid)
+        metrics.RECONCILES.labels(kind=job_api.KIND, result="ok").inc()
+        return
     pods = [o for o in outcome.create if o["kind"] == "Pod"]
     others = [o for o in outcome.create if o["kind"] != "Pod"]
     for obj in others:  # the plan ConfigMap and the Service before any pod

@@ -67,6 +67,7 @@ class Facts:
     # spec.suspend: REASON_SUSPENDING (workers drain), REASON_JOB_SUSPENDED (none remain),
     # REASON_JOB_RESUMED (the pass after spec.suspend was unset); None: not suspended.
     suspension: str | None = None
+    failed: Problem | None = None  # the job failed for a reason of its own (a deadline)
 
     @property
     def suspended(self) -> bool:
@@ -147,6 +148,8 @@ def _replanning(f: Facts) -> Verdict | None:
 
 
 def _running(f: Facts) -> Verdict | None:
+    if f.failed is not None:
+        return False, f.failed.reason, f.failed.message
     if f.suspended:
         return False, api.REASON_SUSPENDED, "spec.suspend is true"
     state, workers = f.replan, f.workers
@@ -175,6 +178,8 @@ def _succeeded(f: Facts) -> Verdict | None:
 
 
 def _failed(f: Facts) -> Verdict | None:
+    if f.failed is not None:
+        return True, f.failed.reason, f.failed.message
     if f.replan is not None and f.replan.phase == PHASE_FAILED:
         return True, api.REASON_RESTARTS_EXHAUSTED, f.replan.message
     return None

@@ -151,6 +151,9 @@ class Outcome:
     requeue_after: float | None = None
     # Profiling needs whose Jobs succeeded: the handler reads their results into the store.
     collect: tuple[Collect, ...] = ()
+    # spec.ttlSecondsAfterFinished has passed: delete the TrainingJob (its children follow
+    # through their ownerReferences); nothing else is written.
+    delete_job: bool = False
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -284,8 +287,77 @@ def reconcile(
     job = observed.job
     status = job.status.model_copy(update={"observed_generation": job.generation})
     if status.phase in (api.PHASE_SUCCEEDED, api.PHASE_FAILED):
-        return _finish(observed, status)  # terminal: nothing more to do
+        return _finished(observed, status, now)  # terminal: only the TTL is left
+    # batch/v1's startTime: set when the job becomes active, unset while it is suspended.
+    start = None if job.spec.suspend else (status.start_time or now)
+    status = status.model_copy(update={"start_time": start})
+    deadline = _deadline(job, status)
+    if deadline is not None and now >= deadline:
+        return _deadline_exceeded(_mine(observed), status, now)
+    outcome = _active(observed, status, planner=planner, catalog=catalog, now=now, config=config)
+    if outcome.status.phase in (api.PHASE_SUCCEEDED, api.PHASE_FAILED):
+        finished = outcome.status.model_copy(update={"completion_time": now})
+        outcome = replace(outcome, status=finished)
+    elif deadline is not None:
+        # Woken at the deadline even if nothing else happens to the job by then.
+        left = max(1.0, (deadline - now).total_seconds())
+        requeue = left if outcome.requeue_after is None else min(outcome.requeue_after, left)
+        outcome = replace(outcome, requeue_after=requeue)
+    return outcome
 
+
+def _deadline(job: TrainingJob, status: TrainingJobStatus) -> datetime | None:
+    seconds = job.spec.active_deadline_seconds
+    if seconds is None or status.start_time is None:
+        return None
+    return status.start_time + timedelta(seconds=seconds)
+
+
+def _deadline_exceeded(observed: Observed, status: TrainingJobStatus, now: datetime) -> Outcome:
+    """spec.activeDeadlineSeconds passed: Failed, and every worker is deleted."""
+    job = observed.job
+    assert status.start_time is not None  # _deadline needs it
+    message = (
+        f"active longer than spec.activeDeadlineSeconds ({job.spec.active_deadline_seconds} s "
+        f"since {status.start_time.isoformat()})"
+    )
+    facts = Facts(
+        job.generation,
+        spec_checked=False,
+        failed=Problem(api.REASON_DEADLINE_EXCEEDED, message),
+    )
+    status = status.model_copy(
+        update={"phase": api.PHASE_FAILED, "completion_time": now, "workers": WorkerCounts()}
+    )
+    live = [p.name for p in observed.pods if not p.deleting]
+    return _finish(observed, _concluded(status, facts, now), delete=live)
+
+
+def _finished(observed: Observed, status: TrainingJobStatus, now: datetime) -> Outcome:
+    """A Succeeded or Failed job: deleted once spec.ttlSecondsAfterFinished has passed
+    since status.completionTime, else woken then."""
+    finished = status.completion_time or now  # finished before completionTime existed
+    outcome = _finish(observed, status.model_copy(update={"completion_time": finished}))
+    ttl = observed.job.spec.ttl_seconds_after_finished
+    if ttl is None:
+        return outcome
+    left = (finished + timedelta(seconds=ttl) - now).total_seconds()
+    if left <= 0:
+        return replace(outcome, delete_job=True)
+    return replace(outcome, requeue_after=left)
+
+
+def _active(
+    observed: Observed,
+    status: TrainingJobStatus,
+    *,
+    planner: Planner,
+    catalog: Catalog,
+    now: datetime,
+    config: ReplanConfig | None,
+) -> Outcome:
+    """The pass of a job that is neither finished nor past its deadline."""
+    job = observed.job
     try:
         model = resolve_model(job, catalog)
     except UnknownModelError as error:
