@@ -37,9 +37,11 @@ def _fail(message: str) -> typer.Exit:
 
 @cluster_app.command("build")
 def build_command(
-    jobs: Annotated[int, typer.Option(help="parallel Go compile jobs (0 = all cores)")] = 0,
+    jobs: Annotated[
+        int, typer.Option(help="parallel Go compile jobs (0 = every CPU this process may use)")
+    ] = 0,
 ) -> None:
-    """Build etcd, kube-*, kubectl, kwok and kwokctl from their Go modules (cached)."""
+    """Build etcd, kube-*, kubectl, kwok, helm and Karpenter from their Go modules (cached)."""
     start = time.monotonic()
     try:
         results = build.build(log=lambda m: typer.echo(m, err=True), jobs=jobs or None)

@@ -2,7 +2,7 @@
 
 Tier-2 tests, the e2e runner and the README quickstart need a real etcd, kube-apiserver,
 kube-scheduler, kube-controller-manager, kubectl and kwok; the Helm chart's tests need
-helm. There is no Docker engine and no release download here (only PyPI and the Go module
+helm; the autoscaling tests need Karpenter with its kwok cloud provider. There is no Docker engine and no release download here (only PyPI and the Go module
 proxy are reachable), so the binaries are compiled from their published Go modules with the
 local Go toolchain. Called by
 `sailplan cluster build`, by `.ci/run` before the tests, and by the pytest cluster fixture
@@ -13,6 +13,7 @@ Layout (root = $SAILPLAN_CACHE, default ~/.cache/sailplan):
     root/go/mod, root/go/build         GOMODCACHE and GOCACHE, so a rebuild or CI reuses them
     root/k8s/<k8s-version>/src/<group>  generated wrapper modules (templates in gomod/)
     root/k8s/<k8s-version>/bin/         the binaries
+    root/k8s/<k8s-version>/share/<group>/  module files they need at run time (Karpenter's CRDs)
 
 The build is idempotent (a group whose binaries exist and report the pinned version is
 skipped), resumable (Go's build cache keeps finished packages; binaries are moved into bin/
@@ -43,6 +44,12 @@ ETCD_VERSION = "v3.6.16"
 KWOK_VERSION = "v0.8.0"
 # Helm renders and installs the chart in manifests/helm/sailplan (tests and the install docs).
 HELM_VERSION = "v3.21.4"
+# Karpenter with its kwok cloud provider: the node autoscaler of the autoscaling cluster tests
+# (localcluster.karpenter). v1.14.1 is the newest release the pinned toolchain can build: its
+# go.mod says go 1.26.6, while v1.14.3 says 1.26.10 and v1.15.0 1.26.9, above our go1.26.8,
+# and the build never fetches another toolchain (GOTOOLCHAIN=local). Its client-go v0.35 is
+# within the supported skew of a 1.36 API server.
+KARPENTER_VERSION = "v1.14.1"
 
 # Go's build cache makes an interrupted build resume where it stopped; these flags keep the
 # binaries small and avoid a C toolchain (static binaries, no cgo).
@@ -64,6 +71,12 @@ class Binary:
     version_args: tuple[str, ...]
     # Substring of the version output that proves the binary is the pinned release.
     expect: str
+    # The file name `go install` gives it (its package's last path element), when that is
+    # not `name`: Karpenter's kwok provider is package .../kwok, a clash with kwok itself.
+    installed_as: str | None = None
+    # No --version flag (Karpenter has none): `expect` is looked for in `go version -m`,
+    # the module versions the Go linker embeds in every binary.
+    from_build_info: bool = False
 
 
 @dataclass(frozen=True)
@@ -77,6 +90,9 @@ class Group:
     binaries: tuple[Binary, ...]
     template: str | None  # wrapper go.mod template; None means `go install pkg@version`
     ldflags: tuple[str, ...] = ()  # beyond stripping, e.g. the version a binary reports
+    # Files of the module (paths relative to its root) copied into share_dir(root, name):
+    # what the binaries need at run time and only the module has, e.g. Karpenter's CRDs.
+    shared: tuple[str, ...] = ()
 
 
 _K8S_MINOR = K8S_VERSION.lstrip("v").split(".")[1]
@@ -136,9 +152,38 @@ GROUPS: tuple[Group, ...] = (
             ),
         ),
     ),
+    Group(
+        name="karpenter",
+        module="sigs.k8s.io/karpenter",
+        version=KARPENTER_VERSION,
+        packages=("sigs.k8s.io/karpenter/kwok",),
+        binaries=(
+            Binary(
+                "karpenter",
+                (),
+                f"sigs.k8s.io/karpenter\t{KARPENTER_VERSION}",
+                installed_as="kwok",
+                from_build_info=True,
+            ),
+        ),
+        template=None,
+        # What its Makefile's ko build sets: the version it logs and reports in a metric.
+        ldflags=(f"-X sigs.k8s.io/karpenter/pkg/operator.Version={KARPENTER_VERSION}",),
+        shared=(
+            "kwok/charts/crds/karpenter.sh_nodepools.yaml",
+            "kwok/charts/crds/karpenter.sh_nodeclaims.yaml",
+            "kwok/charts/crds/karpenter.sh_nodeoverlays.yaml",
+            "kwok/charts/crds/autoscaling.x-k8s.io_capacitybuffers.yaml",
+            "kwok/apis/crds/karpenter.kwok.sh_kwoknodeclasses.yaml",
+        ),
+    ),
 )
 
 BINARY_NAMES: tuple[str, ...] = tuple(b.name for g in GROUPS for b in g.binaries)
+# What `LocalCluster.up` runs (kwokctl starts them); the rest are tools tests start themselves.
+CONTROL_PLANE_NAMES: tuple[str, ...] = tuple(
+    b.name for g in GROUPS if g.name in ("etcd", "kwok", "kubernetes") for b in g.binaries
+)
 
 
 def cache_root() -> Path:
@@ -154,9 +199,14 @@ def binary_path(name: str, root: Path | None = None) -> Path:
     return bin_dir(root) / name
 
 
-def missing_binaries(root: Path | None = None) -> list[str]:
+def share_dir(group: str, root: Path | None = None) -> Path:
+    """Where a group's `shared` module files are copied (same relative paths)."""
+    return (root or cache_root()) / "k8s" / K8S_VERSION / "share" / group
+
+
+def missing_binaries(root: Path | None = None, names: tuple[str, ...] = BINARY_NAMES) -> list[str]:
     """Names of binaries that are not in the cache (cheap: no version check)."""
-    return [n for n in BINARY_NAMES if not os.access(binary_path(n, root), os.X_OK)]
+    return [n for n in names if not os.access(binary_path(n, root), os.X_OK)]
 
 
 def go_available() -> bool:
@@ -257,9 +307,10 @@ def verify(binary: Binary, root: Path) -> bool:
     path = binary_path(binary.name, root)
     if not os.access(path, os.X_OK):
         return False
+    args = ["go", "version", "-m", str(path)] if binary.from_build_info else [str(path)]
     try:
         proc = subprocess.run(
-            [str(path), *binary.version_args],
+            [*args, *binary.version_args],
             capture_output=True,
             text=True,
             timeout=60,
@@ -300,6 +351,9 @@ def _build_group(group: Group, root: Path, env: dict[str, str], jobs: int) -> No
                 staging,
                 {**env, "GOBIN": str(staging)},
             )
+            if group.shared:
+                info = _module_info(group.module, group.version, staging, env)
+                _copy_shared(group, Path(info["Dir"]), root)
         else:
             src = root / "k8s" / K8S_VERSION / "src" / group.name
             src.mkdir(parents=True, exist_ok=True)
@@ -332,7 +386,31 @@ def _build_group(group: Group, root: Path, env: dict[str, str], jobs: int) -> No
                 env,
             )
         for binary in group.binaries:
-            os.replace(staging / binary.name, out_dir / binary.name)
+            os.replace(staging / (binary.installed_as or binary.name), out_dir / binary.name)
+
+
+def _copy_shared(group: Group, module_dir: Path, root: Path) -> None:
+    target = share_dir(group.name, root)
+    for relative in group.shared:
+        (target / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(module_dir / relative, target / relative)
+
+
+def _up_to_date(group: Group, root: Path) -> bool:
+    shared = share_dir(group.name, root)
+    return all(verify(b, root) for b in group.binaries) and all(
+        (shared / f).is_file() for f in group.shared
+    )
+
+
+def default_jobs() -> int:
+    """Parallel compile jobs (go build -p): the CPUs this process may run on, which is a
+    CI runner's 2 where os.cpu_count() would report the whole host's count."""
+    try:
+        available = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        available = os.cpu_count() or 1
+    return max(1, available)
 
 
 @dataclass(frozen=True)
@@ -352,12 +430,12 @@ def build(
         raise GoToolchainMissingError("the Go toolchain (`go`) is not on PATH")
     root = root or cache_root()
     env = go_env(root)
-    jobs = jobs or max(1, os.cpu_count() or 1)
+    jobs = jobs or default_jobs()
     results: list[GroupResult] = []
     with file_lock(root / "k8s" / K8S_VERSION / "build.lock"):
         for group in GROUPS:
             start = time.monotonic()
-            if all(verify(b, root) for b in group.binaries):
+            if _up_to_date(group, root):
                 results.append(GroupResult(group.name, False, time.monotonic() - start))
                 log(f"{group.name} {group.version}: up to date")
                 continue

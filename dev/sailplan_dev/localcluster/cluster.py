@@ -89,7 +89,7 @@ class LocalCluster:
         """
         if not _NAME.fullmatch(name):
             raise ClusterError(f"invalid cluster name {name!r}: use lowercase letters, digits, '-'")
-        missing = build.missing_binaries(root)
+        missing = build.missing_binaries(root, build.CONTROL_PLANE_NAMES)
         if missing:
             raise BinariesMissingError(missing)
         node_file = node_file or load_node_file()
