@@ -86,6 +86,8 @@ async def apply_outcome(
 ) -> None:
     """Write `outcome`; `requeue_after(seconds)` when the reconcile asks to be called back."""
     namespace = job.namespace
+    if not outcome.managed:
+        return  # spec.managedBy names another controller: its status is not ours to write
     if outcome.delete_job:
         log.info(
             "deleting the job: spec.ttlSecondsAfterFinished has passed",

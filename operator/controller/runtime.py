@@ -43,7 +43,13 @@ from sailplan.operator.profilestore import ProfileStore
 from sailplan.operator.reconcile.gpupool import pool_status
 from sailplan.operator.reconcile.nodes import NodeInfo, pod_gpu_reservation
 from sailplan.operator.reconcile.snapshot import with_reservations
-from sailplan.operator.reconcile.trainingjob import Outcome, invalid_status, merge_patch, reconcile
+from sailplan.operator.reconcile.trainingjob import (
+    Outcome,
+    invalid_status,
+    manages,
+    merge_patch,
+    reconcile,
+)
 
 log = logging.getLogger("sailplan.operator")
 
@@ -157,6 +163,11 @@ class Runtime:
         namespace, name = key
         body = await run_blocking(self.kube.get_job, namespace, name)
         if body is None:
+            self.forget_job(key)
+            return
+        if not manages(body.get("spec") or {}):
+            # spec.managedBy names another controller (immutable, so for good): no status,
+            # no children, no Events from this operator.
             self.forget_job(key)
             return
         now = _now()

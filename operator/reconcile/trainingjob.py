@@ -154,6 +154,8 @@ class Outcome:
     # spec.ttlSecondsAfterFinished has passed: delete the TrainingJob (its children follow
     # through their ownerReferences); nothing else is written.
     delete_job: bool = False
+    # False: spec.managedBy names another controller; the handler writes nothing at all.
+    managed: bool = True
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -266,6 +268,13 @@ def _finish(
 
 
 # -- the reconcile -------------------------------------------------------------------------
+def manages(spec: Mapping[str, Any]) -> bool:
+    """Whether this operator reconciles a job whose (unparsed) spec is `spec`: spec.managedBy
+    unset or the operator's own name. Read before parsing, so a spec another controller
+    owns never gets an Invalid status from this one."""
+    return spec.get("managedBy") in (None, api.MANAGED_BY)
+
+
 def invalid_status(
     job_status: TrainingJobStatus, generation: int, reason: str, message: str, now: datetime
 ) -> TrainingJobStatus:
@@ -285,6 +294,8 @@ def reconcile(
     config: ReplanConfig | None = None,
 ) -> Outcome:
     job = observed.job
+    if job.spec.managed_by not in (None, api.MANAGED_BY):
+        return Outcome(status=job.status, managed=False)  # another controller's job
     status = job.status.model_copy(update={"observed_generation": job.generation})
     if status.phase in (api.PHASE_SUCCEEDED, api.PHASE_FAILED):
         return _finished(observed, status, now)  # terminal: only the TTL is left
