@@ -14,7 +14,8 @@ COPY pyproject.toml README.md ./
 COPY planner/ planner/
 COPY operator/ operator/
 COPY trainer_image/ trainer_image/
-RUN /opt/venv/bin/pip install ".[operator]"
+# The node agent (manifests/nodeagent) runs from this image too: nodeagent adds nvidia-ml-py.
+RUN /opt/venv/bin/pip install ".[operator,nodeagent]"
 
 FROM python:3.11-slim-bookworm
 LABEL org.opencontainers.image.title="sailplan-operator" \
