@@ -55,6 +55,13 @@ class SimulatorConstants:
       what does not fit under it, at least the last bucket, is exposed.
     - flash_attention: whether attention scores are recomputed instead of stored
       (Korthikanti's 5as^2b term dropped); the measured runs store them.
+    - blocking_p2p: how the runtime moves a boundary tensor. False = Sailplan's trainer:
+      each send is issued together with the receive of the other direction
+      (trainer/schedule.py, batch_isend_irecv), so a stage's 1F1B cycle pays each boundary
+      once. True = DeepSpeed's PipelineEngine, which the Sailor runs used: SendActivation,
+      RecvActivation, SendGrad and RecvGrad are separate blocking instructions
+      (deepspeed/runtime/pipe/engine.py, p2p.send/recv), so a stage pays each boundary
+      twice per cycle, once per direction.
     """
 
     framework_overhead_bytes: float = 5.15e9
@@ -65,6 +72,7 @@ class SimulatorConstants:
     bucket_bytes: float = 5e8
     overlap_allreduce: bool = False
     flash_attention: bool = False
+    blocking_p2p: bool = False
 
     def bytes_per_param(self, optimizer: Optimizer) -> float:
         return self.adam_bytes_per_param if optimizer == "adam" else self.sgd_bytes_per_param

@@ -127,6 +127,21 @@ def test_1f1b_formula_is_the_textbook_one_for_equal_stages() -> None:
     assert one_f_one_b_seconds([2.0] * 4, [0.0] * 3, 8) == pytest.approx((8 + 4 - 1) * 2.0)
 
 
+def test_blocking_sends_pay_each_boundary_twice_per_cycle_and_never_for_one_stage() -> None:
+    # Two stages of 2 s with a 0.5 s boundary, 4 micro-batches. Paired exchanges
+    # (Sailplan's trainer): the last stage receives an activation and sends a gradient back
+    # in one exchange per cycle, 2 + 0.5; warm-up and cool-down cross the boundary once each
+    # way: (2 + 2) + 2 x 0.5 + 3 x 2.5 = 12.5. DeepSpeed's separate blocking receive and
+    # send: 2 + 2 x 0.5 per cycle, 5 + 3 x 3 = 14.
+    assert one_f_one_b_seconds([2.0, 2.0], [0.5], 4) == pytest.approx(12.5)
+    assert one_f_one_b_seconds([2.0, 2.0], [0.5], 4, blocking_p2p=True) == pytest.approx(14.0)
+    # a middle stage exchanges with both neighbours
+    assert one_f_one_b_seconds([1.0, 1.0, 1.0], [0.5, 0.5], 2, blocking_p2p=True) == (
+        pytest.approx(3.0 + 2.0 + 1.0 * (1.0 + 2 * (0.5 + 0.5)))
+    )
+    assert one_f_one_b_seconds([2.0], [], 4, blocking_p2p=True) == pytest.approx(8.0)
+
+
 def test_a_slower_replica_slows_its_stage_and_the_iteration() -> None:
     fast = simulate(plan((), [(A, A)]), context())
     mixed = simulate(plan((), [(A, V)]), context())

@@ -2,11 +2,14 @@
 
 benchmarks/simulator_accuracy.py prints the per-plan table and a leave-one-out check of
 the calibration; this test guards against regressions with a looser bound than the
-benchmark's target (6%, Sailor's own reported error).
+benchmark's figure (6.04% time, 2.35% memory; Sailor reports 6% / 5.56% on the same runs).
+The runs trained with DeepSpeed's PipelineEngine, so they are priced with its blocking
+pipeline sends (SimulatorConstants.blocking_p2p).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -14,13 +17,14 @@ import pytest
 from sailplan.planner.catalog import default_catalog
 from sailplan.planner.profiles.cleaning import monotone_in_micro_batch
 from sailplan.planner.profiles.sailor import import_artifact, load_validation_plans
-from sailplan.planner.simulator import PlanningContext, simulate
+from sailplan.planner.simulator import DEFAULT_CONSTANTS, PlanningContext, simulate
 
 ARTIFACT = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "sailor-artifact"
 VALIDATION = ARTIFACT / "validation" / "gh200-opt350"
+DEEPSPEED = dataclasses.replace(DEFAULT_CONSTANTS, blocking_p2p=True)
 
 
-def test_iteration_time_and_peak_memory_within_15_percent_mae() -> None:
+def test_iteration_time_within_8_and_peak_memory_within_15_percent_mae() -> None:
     if not VALIDATION.is_dir():
         pytest.skip(f"the Sailor artifact's GH200 validation runs are not at {VALIDATION}")
     catalog = default_catalog()
@@ -30,13 +34,15 @@ def test_iteration_time_and_peak_memory_within_15_percent_mae() -> None:
     assert len(runs) == 15
     time_errors, memory_errors = [], []
     for _, run in runs:
-        context = PlanningContext(model=model, cluster=run.cluster, profiles=profiles)
+        context = PlanningContext(
+            model=model, cluster=run.cluster, profiles=profiles, constants=DEEPSPEED
+        )
         predicted = simulate(run.plan, context)
         assert run.measured_iteration_seconds and run.measured_peak_memory_bytes
         real_t, real_m = run.measured_iteration_seconds, run.measured_peak_memory_bytes
         time_errors.append(abs(predicted.iteration_seconds - real_t) / real_t)
         memory_errors.append(abs(predicted.peak_memory_bytes - real_m) / real_m)
-    assert sum(time_errors) / len(time_errors) < 0.15
+    assert sum(time_errors) / len(time_errors) < 0.08
     assert sum(memory_errors) / len(memory_errors) < 0.15
     # no single plan is far off either
     assert max(time_errors) < 0.30 and max(memory_errors) < 0.30
@@ -52,7 +58,9 @@ def test_the_simulator_picks_the_fastest_measured_plan_of_every_alternative_set(
     profiles = monotone_in_micro_batch(import_artifact(ARTIFACT, catalog).profiles)
     groups: dict[tuple[int, int], list[tuple[float, float]]] = {}
     for _, run in load_validation_plans(VALIDATION, model, catalog):
-        context = PlanningContext(model=model, cluster=run.cluster, profiles=profiles)
+        context = PlanningContext(
+            model=model, cluster=run.cluster, profiles=profiles, constants=DEEPSPEED
+        )
         predicted = simulate(run.plan, context).iteration_seconds
         gpus = sum(w.tensor_parallel for w in run.plan.workers())
         assert run.measured_iteration_seconds
