@@ -55,9 +55,6 @@ from sailplan.planner.simulator import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-# The Sailor runs trained with DeepSpeed's PipelineEngine, whose sends and receives are
-# separate blocking calls (SimulatorConstants.blocking_p2p); the rest is the shipped model.
-SAILOR_RUNTIME = dataclasses.replace(DEFAULT_CONSTANTS, blocking_p2p=True)
 ARTIFACT = REPO.parent / "shared" / "reference" / "sailor-artifact"
 VALIDATION = ARTIFACT / "validation" / "gh200-opt350"
 
@@ -120,7 +117,7 @@ def fit_memory(
             a, b = stage.layer_start, stage.layer_end
             activations = table.activation_bytes(a, b)
             if a > 0:
-                activations += costs.boundary_bytes(plan.micro_batch_size)
+                activations += costs.boundary_bytes(plan.micro_batch_size, a)
             flight = in_flight_micro_batches(index, plan.pipeline_depth, plan.num_micro_batches)
             states = table.parameters(a, b) * costs.bytes_per_param
             predicted = states + activations * flight * base.activation_allocator_factor
@@ -145,8 +142,8 @@ def fit(runs: Runs, model: ModelSpec, profiles: ProfileSet) -> SimulatorConstant
     that measured peak memory (the shipped constants where none did)."""
     with_memory = [(name, run) for name, run in runs if run.measured_peak_memory_bytes]
     if len(with_memory) < 2:
-        return SAILOR_RUNTIME
-    return fit_memory(with_memory, model, profiles, SAILOR_RUNTIME)
+        return DEFAULT_CONSTANTS
+    return fit_memory(with_memory, model, profiles, DEFAULT_CONSTANTS)
 
 
 def is_small(run: SailorPlan) -> bool:
@@ -245,13 +242,12 @@ def main() -> int:
         catalog=catalog,
     )
 
-    c = SAILOR_RUNTIME
+    c = DEFAULT_CONSTANTS
     print_table(
         errors(runs, model, profiles, c),
         f"Shipped constants: overhead {c.framework_overhead_bytes / 1e9:.2f} GB, allocator "
         f"x{c.activation_allocator_factor:.2f}, "
-        "communication from the network (no efficiency constant), "
-        "DeepSpeed's blocking pipeline sends",
+        "communication from the network (no efficiency constant)",
     )
     if not args.refit:
         return 0

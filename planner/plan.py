@@ -204,11 +204,9 @@ class Plan(BaseModel):
                     "stages must cover the layers contiguously"
                 )
             expected_start = stage.layer_end
-            if not self.model.supports_tensor_parallel(stage.tensor_parallel):
-                raise ValueError(
-                    f"stage {i}: tensor_parallel {stage.tensor_parallel} does not divide the "
-                    f"model's heads ({self.model.num_heads}, kv {self.model.kv_heads})"
-                )
+            problem = self.model.tensor_parallel_problem(stage.tensor_parallel)
+            if problem is not None:
+                raise ValueError(f"stage {i}: {problem}")
         if expected_start != self.model.num_layers:
             raise ValueError(
                 f"stages cover layers [0, {expected_start}) but the model has "

@@ -111,7 +111,6 @@ class _PlanEnergy:
         self.tail = predictions.iteration_seconds - predictions.pipeline_seconds
         costs = context.costs
         mbs = plan.micro_batch_size
-        boundary = costs.boundary_bytes(mbs)
         catalog = context.catalog
         flash = context.constants.flash_attention
         sources = set()
@@ -123,6 +122,7 @@ class _PlanEnergy:
             links = []
             for sender, receiver in zip(plan.stages, plan.stages[1:], strict=False):
                 tp = min(sender.tensor_parallel, receiver.tensor_parallel)
+                boundary = costs.boundary_bytes(mbs, receiver.layer_start)
                 links.append(
                     costs.p2p_seconds(boundary * tp, sender.replicas[r], receiver.replicas[r], tp)
                 )

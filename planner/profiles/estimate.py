@@ -6,6 +6,10 @@ layer from the model shape and the GPU's datasheet:
 
 - forward FLOPs of a block = 2 x (matmul parameters) x tokens + 4 x b x s^2 x h (QK^T and
   attention-over-V), split over TP; the head adds 2 x V x h x tokens; backward = 2 x forward;
+  an encoder-decoder's decoder block adds cross-attention (Q and output over the t target
+  tokens, K and V over the s encoder tokens, 4 x b x t x s x h); a convnet's layers are
+  2 x the multiply-adds of their convolutions (a guess at the same efficiency: the
+  calibration below was fitted on transformer layers);
 - time = FLOPs / (peak x efficiency) + a fixed per-layer cost (kernel launches) + the
   layer's Megatron tensor-parallel all-reduces inside the node (two per block forward, two
   backward, one for the vocabulary-parallel embedding) at the node's datasheet link speed
@@ -144,21 +148,82 @@ def fit_calibration(
     return fitted
 
 
+def _attention_flops(model: ModelSpec, b: int, queries: int, keys: int) -> float:
+    """Q and the output projection over the queries, K and V over the keys, QK^T and
+    attention-over-V (2 x 2 x b x queries x keys x h)."""
+    h = model.hidden_size
+    kv = model.kv_heads * model.head_dim
+    projections = 2.0 * 2 * h * h * b * queries + 2.0 * 2 * h * kv * b * keys
+    return projections + 4.0 * b * queries * keys * h
+
+
+def _mlp_flops(model: ModelSpec, b: int, tokens: int) -> float:
+    h, f = model.hidden_size, model.ffn_size
+    up = 2 * h * f if model.mlp == "swiglu" else h * f
+    return 2.0 * (up + f * h) * b * tokens
+
+
+def _conv_flops(model: ModelSpec, layer: int, b: int) -> float:
+    """2 x multiply-adds of the convolutions (batch norm, ReLU and pooling are
+    element-wise and left out) or of the classifier."""
+    kind = model.layer_kind(layer)
+    if kind == "stem":
+        side = -(-model.image_size // 2)
+        return 2.0 * b * side**2 * model.stem_channels * model.image_channels * 49
+    if kind == "head":
+        return 2.0 * b * model.conv_blocks()[-1].out_channels * model.num_classes
+    block = model.conv_block(layer)
+    before, after = block.in_side**2, block.out_side**2
+    macs = block.in_channels * block.width * before
+    macs += 9 * block.width * block.width * after + block.width * block.out_channels * after
+    if block.downsample:
+        macs += block.in_channels * block.out_channels * after
+    return 2.0 * b * macs
+
+
 def layer_forward_flops(model: ModelSpec, layer: int, tp: int, micro_batch_size: int) -> float:
     """Forward FLOPs of one layer on one TP rank for one micro-batch."""
-    tokens = micro_batch_size * model.sequence_length
+    b = micro_batch_size
     kind = model.layer_kind(layer)
+    if model.architecture == "convnet":
+        return _conv_flops(model, layer, b)
+    s, t = model.sequence_length, model.target_length
     if kind == "embedding":
         return 0.0
     if kind == "head":
         projection = model.vocab_size * model.hidden_size / tp
-        return 2.0 * projection * tokens
-    h, f = model.hidden_size, model.ffn_size
-    kv = model.kv_heads * model.head_dim
-    up = 2 * h * f if model.mlp == "swiglu" else h * f
-    matmul_params = h * (h + 2 * kv) + h * h + up + f * h
-    attention = 4.0 * micro_batch_size * model.sequence_length**2 * h
-    return (2.0 * matmul_params * tokens + attention) / tp
+        return 2.0 * projection * b * t
+    if kind == "decoder-block":
+        flops = _attention_flops(model, b, t, t) + _attention_flops(model, b, t, s)
+        return (flops + _mlp_flops(model, b, t)) / tp
+    return (_attention_flops(model, b, s, s) + _mlp_flops(model, b, s)) / tp
+
+
+def _tensor_parallel_all_reduces(
+    model: ModelSpec, layer: int, micro_batch_size: int
+) -> tuple[list[float], list[float]]:
+    """(forward, backward) fp16 byte sizes of one layer's Megatron TP all-reduces.
+
+    A block all-reduces its activation after attention and after the MLP in forward, and
+    their input gradients in backward; an encoder-decoder's decoder block does the same for
+    its cross-attention, and in backward the gradient of the encoder output its K and V
+    projections read; the vocabulary-parallel embedding all-reduces its output in forward
+    (an encoder-decoder's first decoder block embeds the targets the same way).
+    """
+    b, h = micro_batch_size, model.hidden_size
+    encoder = 2.0 * b * model.sequence_length * h
+    targets = 2.0 * b * model.target_length * h
+    kind = model.layer_kind(layer)
+    if kind == "embedding":
+        return [encoder], []
+    if kind == "decoder-block":
+        forward = [targets] * 3
+        if layer == model.first_decoder_layer:
+            forward.append(targets)
+        return forward, [targets] * 3 + [encoder]
+    if kind == "block":
+        return [encoder] * 2, [encoder] * 2
+    return [], []
 
 
 def tensor_parallel_seconds(
@@ -166,26 +231,22 @@ def tensor_parallel_seconds(
 ) -> tuple[float, float]:
     """(forward, backward) seconds of one layer's TP all-reduces on one GPU of the group.
 
-    Megatron's layout: a block all-reduces its activation (b x s x h, fp16) after attention
-    and after the MLP in forward, and their gradients in backward; the vocabulary-parallel
-    embedding all-reduces its output in forward. Each is a ring inside the node:
-    2 (tp - 1) / tp x bytes at the per-GPU link speed, 2 (tp - 1) hops of NCCL latency.
+    Each is a ring inside the node: 2 (tp - 1) / tp x bytes at the per-GPU link speed,
+    2 (tp - 1) hops of NCCL latency (_tensor_parallel_all_reduces lists them).
     """
     if tp <= 1:
         return 0.0, 0.0
-    nbytes = 2.0 * micro_batch_size * model.sequence_length * model.hidden_size
     hop = NVLINK_HOP_LATENCY_S if gpu.intra_node_link.startswith("nvlink") else PCIE_HOP_LATENCY_S
-    one = (
-        NCCL_BASE_LATENCY_S
-        + 2 * (tp - 1) * hop
-        + 2.0 * (tp - 1) / tp * nbytes / gpu.intra_node_bytes_per_s
-    )
-    kind = model.layer_kind(layer)
-    if kind == "embedding":
-        return one, 0.0
-    if kind == "head":
-        return 0.0, 0.0
-    return 2 * one, 2 * one
+
+    def one(nbytes: float) -> float:
+        return (
+            NCCL_BASE_LATENCY_S
+            + 2 * (tp - 1) * hop
+            + 2.0 * (tp - 1) / tp * nbytes / gpu.intra_node_bytes_per_s
+        )
+
+    forward, backward = _tensor_parallel_all_reduces(model, layer, micro_batch_size)
+    return sum(one(n) for n in forward), sum(one(n) for n in backward)
 
 
 def estimate_compute_profile(

@@ -177,7 +177,7 @@ class Search:
         self.num_layers = request.model.num_layers
         self.stats = _Stats()
         self.top = TopK(request.top_k)
-        self._boundaries: dict[tuple[int, tuple[_KindKey, ...]], list[list[float]]] = {}
+        self._boundaries: dict[tuple[int, tuple[_KindKey, ...]], list[list[list[float]]]] = {}
         self._capacities: dict[tuple[TypeServers, ...], CapacityModel] = {}
 
     def _zone_symmetry(self) -> dict[str, list[str]]:
@@ -285,13 +285,20 @@ class Search:
                         tables.append(built)
         return keys, tables
 
-    def _boundary(self, mbs: int, keys: list[_KindKey]) -> list[list[float]]:
-        """Seconds to move one activation between stages of each pair of kinds (same zone)."""
+    def _boundary(self, mbs: int, keys: list[_KindKey]) -> list[list[list[float]]]:
+        """[start][a][b]: seconds to move one activation from a stage of kind a to one of
+        kind b that starts at layer `start` (row 0 unused: the first stage receives
+        nothing). Boundaries that carry the same bytes share one matrix."""
         cache_key = (mbs, tuple(keys))
         cached = self._boundaries.get(cache_key)
         if cached is None:
-            nbytes = self.costs.boundary_bytes(mbs)
-            cached = [[self._hop(nbytes, a, b) for b in keys] for a in keys]
+            by_size: dict[int, list[list[float]]] = {}
+            cached = []
+            for start in range(self.num_layers):
+                nbytes = self.costs.boundary_bytes(mbs, max(start, 1))
+                if nbytes not in by_size:
+                    by_size[nbytes] = [[self._hop(nbytes, a, b) for b in keys] for a in keys]
+                cached.append(by_size[nbytes])
             self._boundaries[cache_key] = cached
         return cached
 
@@ -493,7 +500,7 @@ class Search:
                 np.stack([np.diagonal(kt.compute, offset=1) for kt in tables]), axis=0
             )
             work = float(per_layer.sum())
-            hop = min(min(row) for row in self._boundary(mbs, keys))
+            hop = min(min(row) for matrix in self._boundary(mbs, keys)[1:] for row in matrix)
             shortest_tail = self._tail_by_length(tables)
             heavy = self._heavy(per_layer)
             heavy_work = float(heavy.sum())

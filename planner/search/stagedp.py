@@ -10,7 +10,8 @@ Why a DP with Pareto fronts: the simulator's iteration time is
     T = sum_i t_i + 2 sum_k x_k + (M - 1) max_i (t_i + x_{i-1} + x_i) + max_i z_i + c
 
 (t: a stage's forward+backward per micro-batch, x: the boundary transfer between adjacent
-stages, which depends on the two kinds, z: a stage's exposed all-reduce + optimizer step).
+stages, which depends on the two kinds and on the layer of the cut, z: a stage's exposed
+all-reduce + optimizer step).
 Two max-terms and a sum do not decompose, so a plain min-DP would be wrong. Keeping, per
 (boundary layer, GPUs used per GPU type and zone, last kind), the Pareto front of (closed
 max cycle, sum, max z, open cycle of the last stage) is exact; with real models' layer
@@ -225,7 +226,7 @@ def solve(
     constant: float,
     kinds: Sequence[Kind],
     num_slots: int,
-    boundary: Sequence[Sequence[float]],
+    boundary: Sequence[Sequence[Sequence[float]]],
     usage_ok: Callable[[Usage], bool],
     final_ok: Callable[[Usage], bool],
     limit: Callable[[Usage], float],
@@ -240,7 +241,8 @@ def solve(
 ) -> list[DPResult]:
     """Minimum iteration time per feasible (usage, last kind) for a P = depth pipeline.
 
-    boundary[k][j]: seconds to move one activation from a stage of kind k to one of kind j.
+    boundary[b][k][j]: seconds to move one activation from a stage of kind k to one of
+    kind j that starts at layer b (what crosses may depend on where the cut is).
     usage_ok prunes partial usage that can never be served (must be monotone), final_ok is
     the exact capacity check of a complete pipeline. limit(usage) is the time a plan with
     that usage must not exceed to matter (k-th best so far, constraints); it must not
@@ -262,7 +264,7 @@ def solve(
     compute_lists = [k.compute for k in kinds]
     tail_lists = [k.tail for k in kinds]
     rest_list = rest_lower.tolist()
-    min_hop = min(min(row) for row in boundary) if boundary else 0.0
+    min_hop = min(min(row) for matrix in boundary[1:] for row in matrix) if num_layers > 1 else 0.0
     tail_by_length = tail_lower.tolist()
     no_spread = [0.0] * (num_layers + 1)
     # per stage position and end layer: the least tail the longest remaining stage has
@@ -332,7 +334,7 @@ def solve(
                 if entry is None:
                     continue
                 bound, spreads = entry
-                x = boundary[previous][k] if previous >= 0 else 0.0
+                x = boundary[start][previous][k] if previous >= 0 else 0.0
                 ends = (
                     range(num_layers, num_layers + 1)
                     if last_stage

@@ -100,7 +100,9 @@ def kind_tables(
     tail = allreduce + update
     activations = _range_matrix(table.activations)
     boundary = np.zeros((n, 1))
-    boundary[1:, 0] = costs.boundary_bytes(mbs)  # a stage that is not first holds its input
+    # a stage that is not first holds its input: row a = a stage starting at layer a
+    for a in range(1, n - 1):
+        boundary[a, 0] = costs.boundary_bytes(mbs, a)
     base = params * costs.bytes_per_param + costs.constants.framework_overhead_bytes
     per_flight = (activations + boundary) * costs.constants.activation_allocator_factor
     inf = np.inf

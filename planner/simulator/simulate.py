@@ -38,7 +38,6 @@ def simulate(plan: Plan, context: PlanningContext) -> Predictions:
     mbs = plan.micro_batch_size
     num_stages = plan.pipeline_depth
     num_micro = plan.num_micro_batches
-    boundary = costs.boundary_bytes(mbs)
 
     stage_seconds: list[float] = []
     stage_memory: list[float] = []
@@ -83,6 +82,7 @@ def simulate(plan: Plan, context: PlanningContext) -> Predictions:
     boundary_seconds: list[float] = []
     for k in range(num_stages - 1):
         sender, receiver = plan.stages[k], plan.stages[k + 1]
+        boundary = costs.boundary_bytes(mbs, receiver.layer_start)
         slowest_link = 0.0
         for r in range(plan.data_parallel):
             a_rep, b_rep = sender.replicas[r], receiver.replicas[r]
@@ -99,12 +99,7 @@ def simulate(plan: Plan, context: PlanningContext) -> Predictions:
         boundary_seconds.append(slowest_link)
 
     if plan.pipeline_micro_batches is None:
-        pipeline = one_f_one_b_seconds(
-            stage_seconds,
-            boundary_seconds,
-            num_micro,
-            blocking_p2p=context.constants.blocking_p2p,
-        )
+        pipeline = one_f_one_b_seconds(stage_seconds, boundary_seconds, num_micro)
     else:
         pipeline = _uneven_pipeline_seconds(plan, context)
     slowest_tail = max(range(num_stages), key=lambda i: tail_seconds[i])
@@ -140,7 +135,6 @@ def _uneven_pipeline_seconds(plan: Plan, context: PlanningContext) -> float:
     """
     costs = context.costs
     mbs = plan.micro_batch_size
-    boundary = costs.boundary_bytes(mbs)
     slowest = 0.0
     for r in range(plan.data_parallel):
         stage_seconds = [
@@ -152,15 +146,11 @@ def _uneven_pipeline_seconds(plan: Plan, context: PlanningContext) -> float:
         links = []
         for sender, receiver in zip(plan.stages, plan.stages[1:], strict=False):
             tp = min(sender.tensor_parallel, receiver.tensor_parallel)
+            boundary = costs.boundary_bytes(mbs, receiver.layer_start)
             links.append(
                 costs.p2p_seconds(boundary * tp, sender.replicas[r], receiver.replicas[r], tp)
             )
-        pipeline = one_f_one_b_seconds(
-            stage_seconds,
-            links,
-            plan.micro_batches_of(r),
-            blocking_p2p=context.constants.blocking_p2p,
-        )
+        pipeline = one_f_one_b_seconds(stage_seconds, links, plan.micro_batches_of(r))
         slowest = max(slowest, pipeline)
     return slowest
 

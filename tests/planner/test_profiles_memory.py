@@ -37,7 +37,8 @@ def test_flash_attention_drops_the_score_term() -> None:
 
 
 def test_boundary_is_one_fp16_hidden_state() -> None:
-    assert boundary_activation_bytes(GPT, 8) == 2 * 8 * 2048 * 1024
+    assert boundary_activation_bytes(GPT, 8, 1) == 2 * 8 * 2048 * 1024
+    assert boundary_activation_bytes(GPT, 8, GPT.num_layers - 1) == 2 * 8 * 2048 * 1024
 
 
 def test_head_keeps_fp16_logits_and_their_fp32_softmax() -> None:
