@@ -18,6 +18,7 @@ from pydantic.alias_generators import to_camel
 
 from sailplan.operator.api.common import (
     DNS1123_SUBDOMAIN,
+    GROUP,
     Conditions,
     KubeModel,
     LabelSelector,
@@ -35,6 +36,11 @@ PLURAL: Final = "trainingjobs"
 # A worker pod's name is `<job>-g<generation>-a<attempt>-w<index>` and doubles as its
 # hostname (a DNS label, at most 63 characters); 40 leaves room for the suffix.
 MAX_NAME_LENGTH: Final = 40
+
+# spec.managedBy values this operator reconciles (unset means this one too); any other
+# value hands the job to another controller (e.g. MultiKueue's) and the operator leaves it.
+MANAGED_BY: Final = f"{GROUP}/operator"
+MANAGED_BY_MAX_LENGTH: Final = 63  # batch/v1 Job's limit
 
 # -- phases, condition types and reasons -----------------------------------------------------
 Phase = Literal[
@@ -170,6 +176,13 @@ class CustomModel(ModelSpec):
         populate_by_name=True,
         json_schema_extra={"x-kubernetes-validations": CUSTOM_MODEL_RULES},
     )
+
+    # Custom shapes are transformers: the fields a convnet leaves unset are required here,
+    # so the CRD's schema and its CEL rule above always have them.
+    hidden_size: int = Field(gt=0)
+    num_heads: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    sequence_length: int = Field(gt=0)
 
     # Custom shapes are transformers: the fields a convnet leaves unset are required here,
     # so the CRD's schema and its CEL rule above always have them.
@@ -384,7 +397,32 @@ class PlanningPolicy(KubeModel):
     )
 
 
+IMMUTABLE_MANAGED_BY: Final[list[JsonValue]] = [
+    {"rule": "self == oldSelf", "message": "managedBy is immutable"},
+]
+SPEC_RULES: Final[list[JsonValue]] = [
+    # A field-level transition rule does not see the field being added or removed.
+    {
+        "rule": "has(self.managedBy) == has(oldSelf.managedBy)",
+        "message": "managedBy is immutable: it can only be set when the job is created",
+    },
+]
+
+
 class TrainingJobSpec(KubeModel):
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": SPEC_RULES})
+
+    managed_by: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MANAGED_BY_MAX_LENGTH,
+        # batch/v1 Job's rule: a domain-prefixed path such as kueue.x-k8s.io/multikueue.
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[-A-Za-z0-9_.~/]+$",
+        json_schema_extra={"x-kubernetes-validations": IMMUTABLE_MANAGED_BY},
+        description=f"the controller that reconciles this job: unset or {MANAGED_BY} for "
+        "the Sailplan operator; any other value (e.g. kueue.x-k8s.io/multikueue) and the "
+        "operator leaves the job and its status alone. Immutable",
+    )
     suspend: bool = Field(
         default=False,
         description="true: the job runs no worker pods and holds no GPUs. Set on a running "

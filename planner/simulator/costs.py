@@ -115,7 +115,11 @@ def in_flight_micro_batches(stage: int, num_stages: int, num_micro_batches: int)
 
 
 def one_f_one_b_seconds(
-    stage_seconds: Sequence[float], boundary_seconds: Sequence[float], num_micro_batches: int
+    stage_seconds: Sequence[float],
+    boundary_seconds: Sequence[float],
+    num_micro_batches: int,
+    *,
+    blocking_p2p: bool = False,
 ) -> float:
     """Forward/backward time of one iteration of a 1F1B pipeline with heterogeneous stages.
 
@@ -126,16 +130,19 @@ def one_f_one_b_seconds(
     leave at the pace of the slowest stage's cycle, which includes the activation it sends
     on and the gradient it sends back:
 
-        T = sum_i t_i + 2 * sum_k x_k + (M - 1) * max_i (t_i + x_{i-1} + x_i)
+        T = sum_i t_i + 2 * sum_k x_k + (M - 1) * max_i (t_i + c (x_{i-1} + x_i))
 
+    with c = 1 when each send is paired with the receive of the other direction and c = 2
+    when every send and receive is its own blocking call (SimulatorConstants.blocking_p2p).
     For equal stages without communication this is the textbook (M + P - 1)(f + b).
     """
     num_stages = len(stage_seconds)
+    per_cycle = 2.0 if blocking_p2p else 1.0
     cycle = 0.0
     for i, t in enumerate(stage_seconds):
         incoming = boundary_seconds[i - 1] if i > 0 else 0.0
         outgoing = boundary_seconds[i] if i < num_stages - 1 else 0.0
-        cycle = max(cycle, t + incoming + outgoing)
+        cycle = max(cycle, t + per_cycle * (incoming + outgoing))
     fill_drain = sum(stage_seconds) + 2.0 * sum(boundary_seconds[: num_stages - 1])
     return fill_drain + (num_micro_batches - 1) * cycle
 

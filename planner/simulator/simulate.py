@@ -99,7 +99,12 @@ def simulate(plan: Plan, context: PlanningContext) -> Predictions:
         boundary_seconds.append(slowest_link)
 
     if plan.pipeline_micro_batches is None:
-        pipeline = one_f_one_b_seconds(stage_seconds, boundary_seconds, num_micro)
+        pipeline = one_f_one_b_seconds(
+            stage_seconds,
+            boundary_seconds,
+            num_micro,
+            blocking_p2p=context.constants.blocking_p2p,
+        )
     else:
         pipeline = _uneven_pipeline_seconds(plan, context)
     slowest_tail = max(range(num_stages), key=lambda i: tail_seconds[i])
@@ -150,7 +155,12 @@ def _uneven_pipeline_seconds(plan: Plan, context: PlanningContext) -> float:
             links.append(
                 costs.p2p_seconds(boundary * tp, sender.replicas[r], receiver.replicas[r], tp)
             )
-        pipeline = one_f_one_b_seconds(stage_seconds, links, plan.micro_batches_of(r))
+        pipeline = one_f_one_b_seconds(
+            stage_seconds,
+            links,
+            plan.micro_batches_of(r),
+            blocking_p2p=context.constants.blocking_p2p,
+        )
         slowest = max(slowest, pipeline)
     return slowest
 

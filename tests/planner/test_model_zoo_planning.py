@@ -57,7 +57,9 @@ def test_wide_resnet_plans_never_use_tensor_parallelism() -> None:
     model = default_catalog().model("WideResNet-50-2")
     plans = _plans(model, 64, pool("A100-40", ZONE_A, 16, per_node=8))
     assert {s.tensor_parallel for plan in plans for s in plan.stages} == {1}
-    with pytest.raises(ValueError, match="WideResNet-50-2 is a convnet: the trainer does not split its channels"):
+    with pytest.raises(
+        ValueError, match="WideResNet-50-2 is a convnet: the trainer does not split its channels"
+    ):
         Plan(
             model=model,
             global_batch_size=8,
