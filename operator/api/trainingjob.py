@@ -184,13 +184,6 @@ class CustomModel(ModelSpec):
     vocab_size: int = Field(gt=0)
     sequence_length: int = Field(gt=0)
 
-    # Custom shapes are transformers: the fields a convnet leaves unset are required here,
-    # so the CRD's schema and its CEL rule above always have them.
-    hidden_size: int = Field(gt=0)
-    num_heads: int = Field(gt=0)
-    vocab_size: int = Field(gt=0)
-    sequence_length: int = Field(gt=0)
-
     def to_model_spec(self) -> ModelSpec:
         return ModelSpec.model_validate(self.model_dump())
 
