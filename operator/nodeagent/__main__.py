@@ -5,6 +5,8 @@
     --metrics-port PORT     Prometheus metrics (default 9400; 0 = none)
     --interval SECONDS      seconds between passes (default 10)
     --state-file PATH       where it remembers the GPUs it locked (survives a restart)
+    --pod-resources-socket  the kubelet's PodResources socket: which GPUs each pod got
+                            (default /var/lib/kubelet/pod-resources/kubelet.sock)
     --kubeconfig PATH       else $KUBECONFIG, else the in-cluster service account
     --once                  one pass, then reset what it locked and exit (tests, debugging)
 
@@ -26,6 +28,7 @@ from typing import Any, NoReturn
 
 from sailplan.operator.nodeagent.devices import DeviceSource, FakeAllocator
 from sailplan.operator.nodeagent.nvml import NVML, FakeNVML, NVMLError, fake_gpus
+from sailplan.operator.nodeagent.podresources import SOCKET
 
 log = logging.getLogger("sailplan.nodeagent")
 
@@ -78,6 +81,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--metrics-port", type=_port, default=9400)
     parser.add_argument("--interval", type=_positive, default=10.0)
     parser.add_argument("--state-file", type=Path)
+    parser.add_argument("--pod-resources-socket", default=SOCKET)
     parser.add_argument("--kubeconfig", type=Path)
     parser.add_argument("--once", action="store_true")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING"])
@@ -109,17 +113,18 @@ def _nvml(args: argparse.Namespace) -> tuple[NVML, DeviceSource]:
         fake = FakeNVML(gpus=fake_gpus(gpu_type, count, node=args.node_name), now=time.monotonic)
         return fake, FakeAllocator(count)
     from sailplan.operator.nodeagent.nvml import PyNVML
+    from sailplan.operator.nodeagent.podresources import PodResourcesDevices
 
+    if not Path(args.pod_resources_socket).exists():
+        _fail(
+            f"--pod-resources-socket {args.pod_resources_socket} does not exist (mount the "
+            "kubelet's /var/lib/kubelet/pod-resources)"
+        )
     try:
         real = PyNVML()
     except NVMLError as error:
         _fail(f"NVML: {error}")
-    # The kubelet's PodResources API is what tells which GPU a pod got on a real node;
-    # the agent has no client for it yet.
-    _fail(
-        "no device source for real GPUs yet (the kubelet PodResources client is missing); "
-        f"NVML sees {real.device_count()} GPU(s); use --fake-nvml on the local cluster"
-    )
+    return real, PodResourcesDevices(args.pod_resources_socket)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -76,3 +76,16 @@ def test_the_module_entry_point_reports_missing_credentials_in_one_line(tmp_path
         .splitlines()[-1]
         .startswith("sailplan-nodeagent: error: no Kubernetes credentials")
     )
+
+
+def test_real_gpus_without_the_kubelets_socket_is_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from sailplan.operator.nodeagent.__main__ import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--node-name", "n", "--pod-resources-socket", "/no/such/kubelet.sock"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "--pod-resources-socket /no/such/kubelet.sock does not exist" in err

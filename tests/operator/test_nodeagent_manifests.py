@@ -77,12 +77,16 @@ def test_the_daemonset_runs_on_gpu_nodes_only_as_its_own_service_account(
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     env = {e["name"]: e for e in container["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    # the driver is mounted read-only; the only writable host path is the agent's state
+    # the driver and the kubelet's socket are mounted read-only; the only writable host path
+    # is the agent's state
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     assert mounts["nvidia"]["readOnly"] is True
+    assert mounts["pod-resources"]["readOnly"] is True
+    assert not mounts["state"].get("readOnly")
     host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert host_paths == {
         "nvidia": "/home/kubernetes/bin/nvidia",
+        "pod-resources": "/var/lib/kubelet/pod-resources",
         "state": "/var/lib/sailplan-nodeagent",
     }
     binding = kustomized[("ClusterRoleBinding", AGENT)]
