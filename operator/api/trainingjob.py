@@ -13,9 +13,10 @@ import math
 from datetime import datetime
 from typing import Annotated, Final, Literal
 
-from pydantic import AfterValidator, ConfigDict, Field, JsonValue, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, JsonValue, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
 
+from sailplan.operator.api import kubeschema
 from sailplan.operator.api.common import (
     DNS1123_SUBDOMAIN,
     GROUP,
@@ -390,6 +391,217 @@ class PlanningPolicy(KubeModel):
     )
 
 
+# -- pod template overrides ------------------------------------------------------------------
+# Pod fields as Kubernetes defines them (api.kubeschema: the published core/v1 schemas, so
+# the API server validates them as it validates a Pod and names the field it rejects).
+# Parsed as plain JSON objects: the operator copies them into the worker pods.
+def _kube(name: str) -> WithJsonSchema:
+    return WithJsonSchema(kubeschema.schema(name))
+
+
+KubeObject = dict[str, JsonValue]
+Toleration = Annotated[KubeObject, _kube("Toleration")]
+Affinity = Annotated[KubeObject, _kube("Affinity")]
+LocalObjectReference = Annotated[KubeObject, _kube("LocalObjectReference")]
+EnvVar = Annotated[KubeObject, _kube("EnvVar")]
+EnvFromSource = Annotated[KubeObject, _kube("EnvFromSource")]
+Volume = Annotated[KubeObject, _kube("Volume")]
+VolumeMount = Annotated[KubeObject, _kube("VolumeMount")]
+ResourceRequirements = Annotated[KubeObject, _kube("ResourceRequirements")]
+
+# Names and paths the operator's own volumes use (reconcile.children): an override may
+# mount them elsewhere but not replace them.
+RESERVED_VOLUMES: Final = ("plan", "podinfo", "dshm", "tmp", "checkpoints")
+RESERVED_MOUNT_PATHS: Final = (
+    "/etc/sailplan/plan",
+    "/etc/sailplan/podinfo",
+    "/dev/shm",
+    "/tmp",
+    "/checkpoints",
+)
+RESERVED_PREFIX: Final = f"{GROUP}/"
+
+
+def _cel_list(values: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+NON_ROOT_RULES: Final[list[JsonValue]] = [
+    {
+        "rule": "!has(self.runAsNonRoot) || self.runAsNonRoot",
+        "message": "runAsNonRoot: false is not allowed: worker pods run as a non-root user",
+        "fieldPath": ".runAsNonRoot",
+    },
+    {
+        "rule": "!has(self.runAsUser) || self.runAsUser != 0",
+        "message": "runAsUser: 0 (root) is not allowed: worker pods run as a non-root user",
+        "fieldPath": ".runAsUser",
+    },
+]
+RESERVED_KEY_RULES: Final[list[JsonValue]] = [
+    {
+        "rule": f"self.all(k, !k.startsWith('{RESERVED_PREFIX}'))",
+        "message": f"keys under {RESERVED_PREFIX} are set by the operator",
+    },
+]
+VOLUME_RULES: Final[list[JsonValue]] = [
+    {
+        "rule": f"self.all(v, !(v.name in {_cel_list(RESERVED_VOLUMES)}))",
+        "message": f"volume names {', '.join(RESERVED_VOLUMES)} are the operator's",
+    },
+]
+MOUNT_RULES: Final[list[JsonValue]] = [
+    {
+        "rule": f"self.all(m, !(m.mountPath in {_cel_list(RESERVED_MOUNT_PATHS)}))",
+        "message": f"mount paths {', '.join(RESERVED_MOUNT_PATHS)} are the operator's",
+    },
+]
+
+
+def _non_root(context: KubeObject | None, where: str) -> KubeObject | None:
+    # NON_ROOT_RULES said in Python, so a model built outside the API server agrees.
+    if context is not None:
+        if context.get("runAsNonRoot") is False:
+            raise ValueError(
+                f"{where}.runAsNonRoot: false is not allowed (worker pods run as non-root)"
+            )
+        if context.get("runAsUser") == 0:
+            raise ValueError(
+                f"{where}.runAsUser: 0 (root) is not allowed (worker pods run as non-root)"
+            )
+    return context
+
+
+PodSecurityContext = Annotated[
+    KubeObject,
+    WithJsonSchema(
+        kubeschema.schema("PodSecurityContext") | {"x-kubernetes-validations": NON_ROOT_RULES}
+    ),
+    AfterValidator(lambda c: _non_root(c, "securityContext")),
+]
+SecurityContext = Annotated[
+    KubeObject,
+    WithJsonSchema(
+        kubeschema.schema("SecurityContext") | {"x-kubernetes-validations": NON_ROOT_RULES}
+    ),
+    AfterValidator(lambda c: _non_root(c, "containers[].securityContext")),
+]
+LabelValue = Annotated[str, Field(max_length=63)]
+
+
+class PodMetadataOverrides(KubeModel):
+    """Labels and annotations added to every worker pod (e.g. Kueue's or a cost tracker's)."""
+
+    labels: dict[str, LabelValue] | None = Field(
+        default=None,
+        max_length=64,
+        json_schema_extra={"x-kubernetes-validations": RESERVED_KEY_RULES},
+    )
+    annotations: dict[str, str] | None = Field(
+        default=None,
+        max_length=64,
+        json_schema_extra={"x-kubernetes-validations": RESERVED_KEY_RULES},
+    )
+
+
+CONTAINER_NAME: Final = "trainer"  # the worker pod's one container (reconcile.children)
+
+
+class ContainerOverrides(KubeModel):
+    """Additions to the trainer container of every worker pod."""
+
+    name: Literal["trainer"] = Field(description="the container: the worker pod has one")
+    env: tuple[EnvVar, ...] | None = Field(
+        default=None,
+        max_length=256,
+        description="added after the operator's own variables, which win on a name clash",
+    )
+    env_from: tuple[EnvFromSource, ...] | None = Field(default=None, max_length=64)
+    volume_mounts: tuple[VolumeMount, ...] | None = Field(
+        default=None,
+        max_length=64,
+        json_schema_extra={"x-kubernetes-validations": MOUNT_RULES},
+    )
+    security_context: SecurityContext | None = Field(
+        default=None,
+        description="merged over the operator's (no privilege escalation, every capability "
+        "dropped, read-only root filesystem): a field set here wins",
+    )
+    resources: ResourceRequirements | None = Field(
+        default=None,
+        description="requests and limits merged over spec.trainer.cpu and memory (a value set "
+        "here wins); the nvidia.com/gpu count always comes from the plan",
+    )
+
+
+# A list keyed by name, as a Pod's containers are (one entry today: the trainer).
+ContainerList = Annotated[
+    tuple[ContainerOverrides, ...],
+    Field(
+        max_length=1,
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["name"],
+        },
+    ),
+]
+
+
+class PodSpecOverrides(KubeModel):
+    """Pod fields for every worker pod, merged with what the operator sets."""
+
+    node_selector: dict[str, Annotated[str, Field(max_length=63)]] | None = Field(
+        default=None,
+        max_length=64,
+        description="added to the pods' node affinity; an entry on a label the plan pins "
+        "(the GPUPool's node pool or selector, the zone) with another value is ignored, "
+        "and the pod says so in the sailplan.dev/overrides-ignored annotation",
+    )
+    tolerations: tuple[Toleration, ...] | None = Field(
+        default=None, max_length=64, description="added to the GPUPool's tolerations"
+    )
+    affinity: Affinity | None = Field(
+        default=None,
+        description="merged: required node selector terms are each combined with the "
+        "plan's pool and zone pin (the pin always holds); preferred terms, pod affinity and "
+        "anti-affinity are taken as they are",
+    )
+    priority_class_name: str | None = Field(
+        default=None, min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN
+    )
+    image_pull_secrets: tuple[LocalObjectReference, ...] | None = Field(default=None, max_length=16)
+    security_context: PodSecurityContext | None = Field(
+        default=None,
+        description="merged over the operator's (non-root uid 10001, fsGroup 10001, the "
+        "runtime's seccomp profile): a field set here wins; runAsNonRoot false and "
+        "runAsUser 0 are rejected",
+    )
+    termination_grace_period_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        le=86400,
+        description="how long a worker has to write its checkpoint after SIGTERM. Unset: 120",
+    )
+    volumes: tuple[Volume, ...] | None = Field(
+        default=None,
+        max_length=64,
+        json_schema_extra={"x-kubernetes-validations": VOLUME_RULES},
+        description="added to the operator's volumes (plan, podinfo, dshm, tmp, checkpoints)",
+    )
+    containers: ContainerList | None = None
+
+    def container(self) -> ContainerOverrides | None:
+        return next(iter(self.containers or ()), None)
+
+
+class PodTemplateOverrides(KubeModel):
+    """Additions to every worker pod the operator renders (Kubeflow Trainer's
+    podTemplateOverrides, one entry: every worker has the same role)."""
+
+    metadata: PodMetadataOverrides | None = None
+    spec: PodSpecOverrides | None = None
+
+
 IMMUTABLE_MANAGED_BY: Final[list[JsonValue]] = [
     {"rule": "self == oldSelf", "message": "managedBy is immutable"},
 ]
@@ -448,6 +660,13 @@ class TrainingJobSpec(KubeModel):
     failure: FailurePolicy = FailurePolicy()
     profiling: ProfilingPolicy = ProfilingPolicy()
     planning: PlanningPolicy = PlanningPolicy()
+    pod_template_overrides: PodTemplateOverrides | None = Field(
+        default=None,
+        description="labels, annotations and pod fields added to every worker pod: node "
+        "selector, tolerations, affinity, priority class, image pull secrets, env, volumes, "
+        "security contexts, termination grace period, resources. The plan's placement "
+        "(GPUPool and zone) and GPU count always hold",
+    )
 
 
 # -- status -----------------------------------------------------------------------------------

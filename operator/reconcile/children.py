@@ -4,8 +4,8 @@ and one worker Pod per Plan.workers() entry.
 The pod shape is the contract of sailplan.planner.workerenv: where the plan and trainer
 config are mounted, the env vars, the downward-API pod info. Each pod is pinned to its
 replica's GPUPool and zone by required node affinity, asks for `nvidia.com/gpu` equal to its
-tensor-parallel degree, tolerates the GPU taint, and runs non-root. Pure: returns dicts
-ready for the API server.
+tensor-parallel degree, tolerates the GPU taint, and runs non-root; spec.podTemplateOverrides
+is merged in last (reconcile.overrides). Pure: returns dicts ready for the API server.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from sailplan.operator.api.gpupool import (
 )
 from sailplan.operator.api.trainingjob import KIND, TrainingJob
 from sailplan.operator.reconcile import naming
+from sailplan.operator.reconcile.overrides import IGNORED_ANNOTATION, apply_overrides
 from sailplan.planner import workerenv
 from sailplan.planner.plan import Plan, Worker
 
@@ -46,6 +47,8 @@ class Children:
     configmap: dict[str, Any]
     service: dict[str, Any]
     pods: tuple[dict[str, Any], ...]
+    # spec.podTemplateOverrides entries the plan overruled (reconcile.overrides), once each.
+    ignored_overrides: tuple[str, ...] = ()
 
     def in_creation_order(self) -> list[dict[str, Any]]:
         # The plan first: pods mount it, and after a crash the ConfigMap is what tells the
@@ -340,19 +343,27 @@ def render_worker_pod(
     }
     if trainer.service_account_name is not None:
         pod_spec["serviceAccountName"] = trainer.service_account_name
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+    apply_overrides(pod, job.spec.pod_template_overrides)
+    return pod
 
 
 def desired_children(
     job: TrainingJob, plan: Plan, generation: int, attempt: int, pools: Mapping[str, GPUPool]
 ) -> Children:
+    pods = tuple(
+        render_worker_pod(job, plan, worker, generation=generation, attempt=attempt, pools=pools)
+        for worker in plan.workers()
+    )
+    ignored = [
+        note
+        for pod in pods
+        for note in pod["metadata"].get("annotations", {}).get(IGNORED_ANNOTATION, "").split("; ")
+        if note
+    ]
     return Children(
         configmap=render_configmap(job, plan, generation),
         service=render_service(job),
-        pods=tuple(
-            render_worker_pod(
-                job, plan, worker, generation=generation, attempt=attempt, pools=pools
-            )
-            for worker in plan.workers()
-        ),
+        pods=pods,
+        ignored_overrides=tuple(dict.fromkeys(ignored)),
     )

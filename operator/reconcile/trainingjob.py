@@ -42,7 +42,12 @@ from sailplan.operator.api.trainingjob import (
 from sailplan.operator.profiling.status import COND_PROFILING, ObservedJob
 from sailplan.operator.profiling.step import Collect, ProfilingStep, profiling_step, reserve
 from sailplan.operator.reconcile import naming
-from sailplan.operator.reconcile.children import RenderError, controller_uid, desired_children
+from sailplan.operator.reconcile.children import (
+    Children,
+    RenderError,
+    controller_uid,
+    desired_children,
+)
 from sailplan.operator.reconcile.conditions import (
     CurrentPlan,
     Facts,
@@ -80,6 +85,8 @@ from sailplan.planner.workerenv import CHECKPOINT_REQUEST_ANNOTATION
 # While a search runs the pass is repeated this often, so the Planning condition's elapsed
 # time stays current; the planning service wakes the job as soon as the search ends.
 SEARCH_REFRESH_SECONDS = 15.0
+# Event reason: spec.podTemplateOverrides entries the plan's placement or GPUs overruled.
+REASON_OVERRIDES_IGNORED = "OverridesIgnored"
 
 
 @dataclass
@@ -666,7 +673,8 @@ def _plan(
             "Normal",
             "PodsCreated",
             f"created {len(children.pods)} worker pods for plan generation {plan_generation}",
-        )
+        ),
+        *_ignored_event(children),
     ]
     return _finish(observed, status, create=create, extra_events=events, plan_result="planned")
 
@@ -769,6 +777,7 @@ def _perform(
                         f"{action.generation} attempt {action.attempt}",
                     )
                 )
+                done.events += _ignored_event(children)
         elif isinstance(action, machine.RecordHistory):
             done.history.append(machine.history_entry(action.record))
             if action.record.trigger in (triggers.WORKER_PREEMPTED, triggers.NODE_LOST):
@@ -776,6 +785,14 @@ def _perform(
         elif isinstance(action, machine.EmitEvent):
             done.events.append(action.event)
     return done
+
+
+def _ignored_event(children: Children) -> list[KubeEvent]:
+    """A Warning naming the spec.podTemplateOverrides entries the plan overruled."""
+    if not children.ignored_overrides:
+        return []
+    message = "podTemplateOverrides entries ignored: " + "; ".join(children.ignored_overrides)
+    return [KubeEvent("Warning", REASON_OVERRIDES_IGNORED, message)]
 
 
 def _requeue_after(state: ReplanState, config: ReplanConfig, now: datetime) -> float | None:
