@@ -10,6 +10,7 @@ TrainingJobs plan from the status.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Final, Literal
 
 from pydantic import ConfigDict, Field, JsonValue, field_validator
@@ -44,6 +45,10 @@ REASON_MIXED_GPU_TYPES: Final = "MixedGPUTypes"
 REASON_NO_GPU_TYPE: Final = "NoGPUType"
 REASON_CAN_GROW: Final = "CanGrow"  # Ready=True with no ready node: the pool can add some
 REASON_SHAPE_MISMATCH: Final = "ShapeMismatch"  # spec.gpuType contradicts the machine type
+# Whether the pool's zones still give nodes when asked (autoscaled pools only).
+SCALE_UP_AVAILABLE: Final = "ScaleUpAvailable"
+REASON_SCALE_UP_HEALTHY: Final = "ScaleUpHealthy"
+REASON_SCALE_UP_BACKOFF: Final = "ScaleUpBackoff"  # a zone gave no node in time (stockout, quota)
 
 
 # Set on the spec in the CRD (schema): exactly one way of selecting nodes.
@@ -118,6 +123,15 @@ class Autoscaling(KubeModel):
         ge=0,
         le=86400,
         description="expected seconds from a pending pod to a Ready node of this pool",
+    )
+    provisioning_timeout_seconds: int = Field(
+        default=900,
+        ge=60,
+        le=86400,
+        description="a zone whose waiting workers get no node within this many seconds is "
+        "short (stockout, quota): its possible nodes count as none for a backoff of 5 min, "
+        "doubling to 30 min, until a node of the zone becomes Ready (the cluster "
+        "autoscaler's max-node-provision-time and node-group backoff defaults)",
     )
 
     @field_validator("machine_type")
@@ -210,6 +224,17 @@ class ZoneStatus(StatusModel):
     gpus_possible: int = Field(default=0, ge=0, description="GPUs of the nodes it may add")
     gpus_reserved: int = Field(
         default=0, ge=0, description="requested by workers created here and not yet bound"
+    )
+    scale_up_backoff_until: datetime | None = Field(
+        default=None,
+        description="workers waited here longer than provisioningTimeoutSeconds without a "
+        "node: until then the zone's possible nodes count as none",
+    )
+    scale_up_backoff_seconds: int = Field(
+        default=0,
+        ge=0,
+        description="the zone's current backoff; doubles each time it fails again, back to 0 "
+        "once a node of the zone is Ready",
     )
 
 

@@ -34,7 +34,10 @@ from sailplan.operator.profilestore import ParsedConfigMap
 from sailplan.operator.profiling.jobs import ROLE_PROFILER
 from sailplan.operator.reconcile import naming
 from sailplan.operator.reconcile.nodes import (
+    WAITING,
+    GpuIndexKey,
     NodeInfo,
+    created_at,
     node_info,
     pod_gpu_request,
     pod_gpu_reservation,
@@ -120,16 +123,24 @@ def build_registry(config: OperatorConfig, api_client: client.ApiClient) -> kopf
         return {name: node_info(body)}
 
     @kopf.index("pods", id="gpus", registry=registry)
-    async def gpus(body: kopf.Body, **_: Any) -> dict[str | tuple[str, str], int]:
+    async def gpus(body: kopf.Body, **_: Any) -> dict[GpuIndexKey, float]:
         # Keyed by node name for a bound pod's GPUs, by (GPUPool, zone) for the GPUs an
-        # unbound worker reserves.
+        # unbound worker reserves, and by (WAITING, GPUPool, zone) for when it was created
+        # (the zone's oldest waiting worker decides whether the zone is backed off).
         usage = pod_gpu_request(body)
         if usage:
             return {usage[0]: usage[1]}
         reservation = pod_gpu_reservation(body)
         # An empty mapping, not None: Kopf keeps an object's previous value when the index
         # function returns None, so a pod that finished would hold its GPUs forever.
-        return {reservation[:2]: reservation[2]} if reservation else {}
+        if not reservation:
+            return {}
+        pool_name, zone, gpus = reservation
+        entry: dict[GpuIndexKey, float] = {(pool_name, zone): gpus}
+        created = created_at(body)
+        if created is not None:
+            entry[(WAITING, pool_name, zone)] = created.timestamp()
+        return entry
 
     @kopf.index(GROUP, pool_api.PLURAL, id="pools", registry=registry)
     async def pools(body: kopf.Body, name: str, **_: Any) -> dict[str, dict[str, Any]]:

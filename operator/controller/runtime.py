@@ -100,12 +100,16 @@ class Runtime:
         nodes: list[NodeInfo] = [info for store in nodes_index.values() for info in store]
         in_use: dict[str, int] = {}
         reserved: dict[str, dict[str, int]] = {}  # GPUPool -> zone -> GPUs
+        waiting: dict[str, dict[str, datetime]] = {}  # GPUPool -> zone -> oldest worker
         for key, store in gpu_index.items():
-            if isinstance(key, tuple):
+            if isinstance(key, str):
+                in_use[key] = int(sum(store))
+            elif len(key) == 2:
                 pool_name, zone = key
-                reserved.setdefault(pool_name, {})[zone] = sum(store)
-            else:
-                in_use[key] = sum(store)
+                reserved.setdefault(pool_name, {})[zone] = int(sum(store))
+            elif store:
+                _, pool_name, zone = key
+                waiting.setdefault(pool_name, {})[zone] = datetime.fromtimestamp(min(store), tz=UTC)
         now = _now()
         changed = False
         for name, store in sorted(pools_index.items()):
@@ -118,7 +122,13 @@ class Runtime:
                     )
                     continue
                 status = pool_status(
-                    pool, nodes, in_use, self.config.catalog, now, reserved=reserved.get(name)
+                    pool,
+                    nodes,
+                    in_use,
+                    self.config.catalog,
+                    now,
+                    reserved=reserved.get(name),
+                    waiting_since=waiting.get(name),
                 )
                 if status == pool.status:
                     continue

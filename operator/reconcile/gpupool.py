@@ -7,7 +7,10 @@ clock as `now`.
 A pool with spec.autoscaling also lists what it can become: per zone, the nodes it may
 still add under its autoscaling maximum (possible) and those that exist but are not Ready
 yet (provisioning). A pool-wide maximum (totalMaxNodes) is split evenly over the zones, so
-the zones' possible nodes never add up to more than the pool may create.
+the zones' possible nodes never add up to more than the pool may create. A zone whose
+waiting workers got no node within provisioningTimeoutSeconds is backed off
+(reconcile.scaleup): no possible nodes until the backoff ends, condition ScaleUpAvailable
+False with the zone and the time.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from sailplan.operator.api.common import Condition, set_condition
 from sailplan.operator.api.gpupool import Autoscaling, GPUPool, GPUPoolStatus, ZoneStatus
 from sailplan.operator.api.machines import MACHINE_SHAPES
 from sailplan.operator.reconcile.nodes import NodeInfo
+from sailplan.operator.reconcile.scaleup import ZoneBackoff, zone_backoff
 from sailplan.planner.catalog import Catalog, UnknownGPUError
 
 
@@ -140,6 +144,7 @@ def _zone_status(
     reserved: int,
     possible: int,
     new_gpus: int,
+    backoff: ZoneBackoff | None = None,
 ) -> ZoneStatus:
     ready = [n for n in nodes if n.schedulable]
     sizes = Counter(n.gpus_allocatable for n in ready if n.gpus_allocatable > 0)
@@ -161,6 +166,8 @@ def _zone_status(
         nodes_possible=possible,
         gpus_possible=possible * new_gpus,
         gpus_reserved=reserved,
+        scale_up_backoff_until=backoff.until if backoff is not None else None,
+        scale_up_backoff_seconds=backoff.seconds if backoff is not None else 0,
     )
 
 
@@ -172,9 +179,11 @@ def pool_status(
     now: datetime,
     *,
     reserved: Mapping[str, int] | None = None,
+    waiting_since: Mapping[str, datetime] | None = None,
 ) -> GPUPoolStatus:
-    """The status the pool should have given every node of the cluster, GPU usage per node
-    and `reserved`: zone -> GPUs that this pool's created but unbound workers will take."""
+    """The status the pool should have given every node of the cluster, GPU usage per node,
+    `reserved`: zone -> GPUs that this pool's created but unbound workers will take, and
+    `waiting_since`: zone -> creation time of the oldest of those workers."""
     selected = sorted((n for n in nodes if selects(pool, n)), key=lambda n: n.name)
     gpu_type, type_condition = _resolve_gpu_type(pool, selected, catalog)
     reserved = reserved or {}
@@ -193,14 +202,26 @@ def pool_status(
         if autoscaling is not None
         else {}
     )
+    backoffs: dict[str, ZoneBackoff] = {}
+    if autoscaling is not None:
+        previous = {z.zone: z for z in pool.status.zones}
+        for z in zone_names:
+            backoffs[z] = zone_backoff(
+                previous.get(z),
+                nodes_ready=sum(1 for n in by_zone[z] if n.schedulable),
+                waiting_since=(waiting_since or {}).get(z),
+                timeout_seconds=autoscaling.provisioning_timeout_seconds,
+                now=now,
+            )
     zones = tuple(
         _zone_status(
             z,
             by_zone[z],
             gpus_in_use,
             reserved=reserved.get(z, 0),
-            possible=possible.get(z, 0),
+            possible=0 if z in backoffs and backoffs[z].active(now) else possible.get(z, 0),
             new_gpus=new_gpus,
+            backoff=backoffs.get(z),
         )
         for z in zone_names
     )
@@ -229,7 +250,10 @@ def pool_status(
         message=message,
     )
     conditions = pool.status.conditions
-    for condition in (ready_condition, type_condition):
+    updates = [ready_condition, type_condition]
+    if autoscaling is not None:
+        updates.append(_scale_up_condition(backoffs, autoscaling, now))
+    for condition in updates:
         conditions = set_condition(
             conditions, condition.model_copy(update={"observed_generation": pool.generation}), now
         )
@@ -249,4 +273,30 @@ def pool_status(
         gpus_reserved=sum(z.gpus_reserved for z in zones),
         zones=zones,
         conditions=conditions,
+    )
+
+
+def _scale_up_condition(
+    backoffs: Mapping[str, ZoneBackoff], autoscaling: Autoscaling, now: datetime
+) -> Condition:
+    """ScaleUpAvailable: False while a zone is backed off, naming each zone and its end."""
+    short = [(zone, b) for zone, b in sorted(backoffs.items()) if b.active(now) and b.until]
+    if not short:
+        return Condition(
+            type=api.SCALE_UP_AVAILABLE,
+            status="True",
+            reason=api.REASON_SCALE_UP_HEALTHY,
+            message="every zone may add nodes up to its maximum",
+        )
+    zones = "; ".join(
+        f"{zone} until {b.until:%Y-%m-%dT%H:%M:%SZ} (backoff {b.seconds} s)"
+        for zone, b in short
+        if b.until is not None
+    )
+    return Condition(
+        type=api.SCALE_UP_AVAILABLE,
+        status="False",
+        reason=api.REASON_SCALE_UP_BACKOFF,
+        message=f"workers waited over {autoscaling.provisioning_timeout_seconds} s for a node "
+        f"(stockout or quota?); planning counts no new nodes in {zones}",
     )

@@ -11,10 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import datetime
+from typing import Any, Final
 
 from sailplan.operator.api.gpupool import GPU_RESOURCE, ZONE_LABEL
 from sailplan.operator.reconcile.naming import LABEL_GPUPOOL
+
+# Keys of the operator's pod index: a node name (GPUs of its bound pods), (GPUPool, zone)
+# (GPUs its unbound workers reserve) or (WAITING, GPUPool, zone) (when each was created).
+WAITING: Final = "waiting-since"
+GpuIndexKey = str | tuple[str, str] | tuple[str, str, str]
 
 
 @dataclass(frozen=True)
@@ -128,3 +134,16 @@ def pod_gpu_reservation(body: Mapping[str, Any]) -> tuple[str, str, int] | None:
     zone = _pinned_zone(spec)
     gpus = requested_gpus(body)
     return (str(pool), zone, gpus) if zone and gpus else None
+
+
+def created_at(body: Mapping[str, Any]) -> datetime | None:
+    """metadata.creationTimestamp as an aware datetime (None when absent or malformed)."""
+    stamp = (body.get("metadata") or {}).get("creationTimestamp")
+    if isinstance(stamp, datetime):
+        return stamp
+    if not isinstance(stamp, str):
+        return None
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None

@@ -1,0 +1,70 @@
+"""Zones that do not give nodes: the backoff of an autoscaled GPUPool zone whose waiting
+workers got no node in time (a stockout, an exhausted quota, a scale-up that failed).
+
+The cluster autoscaler gives up on a node after `--max-node-provision-time` (15 min by
+default) and then backs the node group off for 5 min, doubling up to 30 min
+(`--initial-node-group-backoff-duration`, `--max-node-group-backoff-duration`). The
+operator mirrors that from what it watches itself, whichever autoscaler runs: the oldest
+unbound worker pinned to the zone, and whether a node of the zone became Ready. While a
+zone is backed off its possible nodes count as none, so the planner sees only the nodes
+that exist and a job waiting for nodes that do not come replans onto them (its plan no
+longer fits the snapshot); when the backoff ends the possible nodes count again and the job
+is offered the larger plan, which has to win the replan decision like any other.
+
+Pure: reconcile.gpupool.pool_status calls `zone_backoff` once per zone of an autoscaled
+pool with the zone's previous status.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Final
+
+from sailplan.operator.api.gpupool import ZoneStatus
+
+# cluster-autoscaler FAQ, "What are the parameters to CA?": initial-node-group-backoff-
+# duration 5m, max-node-group-backoff-duration 30m.
+INITIAL_BACKOFF_SECONDS: Final = 300
+MAX_BACKOFF_SECONDS: Final = 1800
+
+
+@dataclass(frozen=True)
+class ZoneBackoff:
+    """`until`: possible nodes count as none before it (None = not backed off); `seconds`:
+    the backoff the zone is on, kept after it ends so a new failure doubles it."""
+
+    until: datetime | None
+    seconds: int
+
+    def active(self, now: datetime) -> bool:
+        return self.until is not None and now < self.until
+
+
+def zone_backoff(
+    previous: ZoneStatus | None,
+    *,
+    nodes_ready: int,
+    waiting_since: datetime | None,
+    timeout_seconds: int,
+    now: datetime,
+) -> ZoneBackoff:
+    """The zone's backoff now, from its previous status and what waits in it.
+
+    A node of the zone that became Ready since the previous status ends any backoff and
+    resets it (the zone gives nodes again). A backoff still running stays. Otherwise a
+    worker that has waited `timeout_seconds` or longer starts a new backoff: the initial
+    one, or twice the last, at most the maximum.
+    """
+    last_until = previous.scale_up_backoff_until if previous is not None else None
+    last_seconds = previous.scale_up_backoff_seconds if previous is not None else 0
+    if previous is not None and nodes_ready > previous.nodes_ready:
+        return ZoneBackoff(until=None, seconds=0)
+    if last_until is not None and now < last_until:
+        return ZoneBackoff(until=last_until, seconds=last_seconds)
+    if waiting_since is not None and (now - waiting_since).total_seconds() >= timeout_seconds:
+        seconds = (
+            min(MAX_BACKOFF_SECONDS, 2 * last_seconds) if last_seconds else INITIAL_BACKOFF_SECONDS
+        )
+        return ZoneBackoff(until=now + timedelta(seconds=seconds), seconds=seconds)
+    return ZoneBackoff(until=None, seconds=last_seconds)
