@@ -170,3 +170,17 @@ def test_readme_states_the_install_and_test_commands_of_ci() -> None:
 
 def _contains(tokens: list[str], run: list[str]) -> bool:
     return any(tokens[i : i + len(run)] == run for i in range(len(tokens) - len(run) + 1))
+
+
+def test_embedded_kubernetes_types_link_to_kubernetes_reference() -> None:
+    # spec.podTemplateOverrides embeds core/v1 schemas (api.kubeschema): the reference names
+    # the type and links to Kubernetes' own page instead of repeating its fields.
+    markdown = _page("reference/trainingjob.md")
+    row = next(
+        line
+        for line in markdown.splitlines()
+        if line.startswith("| `spec.podTemplateOverrides.spec.tolerations` |")
+    )
+    assert f"list of [Toleration]({apidocs.KUBERNETES_REFERENCE}#toleration-v1-core)" in row
+    assert "spec.podTemplateOverrides.spec.tolerations[].key" not in markdown
+    assert "spec.podTemplateOverrides.spec.volumes[]." not in markdown

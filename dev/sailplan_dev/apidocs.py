@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel
 
-from sailplan.operator.api import crd, gpupool, trainingjob
+from sailplan.operator.api import crd, gpupool, kubeschema, trainingjob
 from sailplan.operator.api.schema import structural_schema
 from sailplan.planner import plan
 
@@ -35,6 +35,8 @@ _BOUND_WORDS: Final = (
 )
 
 
+# Where an embedded core/v1 type's fields are documented (the pinned release's reference).
+KUBERNETES_REFERENCE: Final = "https://kubernetes.io/docs/reference/generated/kubernetes-api/v1.36/"
 _SCOPES: Final = {"Namespaced": "namespaced", "Cluster": "cluster-scoped"}
 
 # Characters that Markdown or HTML would interpret inside a table cell.
@@ -179,17 +181,30 @@ def _walk_object(
     for name, raw in node.get("properties", {}).items():
         field = _resolved(raw, definitions)
         path = f"{prefix}.{name}" if prefix else name
+        embedded = _kubernetes_type(field)
         rows.append(
             FieldRow(
                 path=path,
-                type=_type_of(field, definitions),
+                type=embedded or _type_of(field, definitions),
                 required=name in required,
                 default=_default_of(raw, field),
                 description=_description_of(raw, field),
                 constraints=_constraints_of(field),
             )
         )
-        _walk_children(field, path, definitions, rows)
+        if embedded is None:  # Kubernetes documents its own types' fields
+            _walk_children(field, path, definitions, rows)
+
+
+def _kubernetes_type(field: dict[str, Any]) -> str | None:
+    """A link to Kubernetes' reference when `field` (or its items) is a core/v1 type the
+    CRD embeds with Kubernetes' own schema (sailplan.operator.api.kubeschema)."""
+    items = field.get("items")
+    if field.get("type") == "array" and isinstance(items, dict):
+        inner = _kubernetes_type(items)
+        return f"list of {inner}" if inner else None
+    name = kubeschema.kubernetes_type(field)
+    return f"[{name}]({KUBERNETES_REFERENCE}#{name.lower()}-v1-core)" if name else None
 
 
 def _walk_children(

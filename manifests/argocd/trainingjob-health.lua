@@ -1,6 +1,7 @@
 -- Argo CD health of a sailplan.dev TrainingJob, from its status phase and conditions.
 -- Running/Succeeded: Healthy. Pending/Replanning (planning, pods starting, a switch):
--- Progressing. Failed, Unschedulable, Invalid: Degraded, with the condition's message.
+-- Progressing. Suspended (spec.suspend): Suspended. Failed, Unschedulable, Invalid:
+-- Degraded, with the condition's message.
 local hs = {}
 local function message(types)
   if obj.status ~= nil and obj.status.conditions ~= nil then
@@ -24,6 +25,9 @@ if phase == "Running" then
 elseif phase == "Succeeded" then
   hs.status = "Healthy"
   hs.message = "training complete"
+elseif phase == "Suspended" then
+  hs.status = "Suspended"
+  hs.message = message({"Suspended"}) or "suspended"
 elseif phase == "Failed" or phase == "Unschedulable" or phase == "Invalid" then
   hs.status = "Degraded"
   hs.message = message({"Failed", "Valid", "Invalid", "Schedulable", "Unschedulable"}) or phase

@@ -73,6 +73,27 @@ def schema(name: str) -> dict[str, Any]:
     return _translate({"$ref": _REF_PREFIX + CORE + name}, _definitions(), ())
 
 
+# What a field adds to an embedded type's schema (its own words, optionality, our rules).
+_FIELD_KEYS: Final = frozenset({"description", "nullable", "x-kubernetes-validations"})
+
+
+def _bare(node: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in node.items() if key not in _FIELD_KEYS}
+
+
+@functools.cache
+def _bare_roots() -> tuple[tuple[str, str], ...]:
+    return tuple((json.dumps(_bare(schema(root)), sort_keys=True), root) for root in ROOTS)
+
+
+def kubernetes_type(node: dict[str, Any]) -> str | None:
+    """The core/v1 type (one of ROOTS) whose schema `node` is, or None. The API reference
+    (sailplan_dev.apidocs) names such a field's type and links to Kubernetes' reference
+    instead of listing the type's fields again."""
+    bare = json.dumps(_bare(node), sort_keys=True)
+    return next((root for text, root in _bare_roots() if text == bare), None)
+
+
 def _first_sentence(text: str) -> str:
     paragraph = text.strip().split("\n\n")[0]
     match = re.match(r"(.+?\.)(\s|$)", paragraph, re.DOTALL)

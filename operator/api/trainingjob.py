@@ -29,7 +29,7 @@ from sailplan.operator.api.common import (
 from sailplan.operator.replan import defaults
 from sailplan.operator.replan.state import ReplanState
 from sailplan.planner.modelspec import ModelSpec
-from sailplan.planner.workerenv import DEFAULT_MASTER_PORT
+from sailplan.planner.workerenv import DEFAULT_MASTER_PORT, DEFAULT_PODINFO_DIR
 
 KIND: Final = "TrainingJob"
 PLURAL: Final = "trainingjobs"
@@ -414,7 +414,7 @@ ResourceRequirements = Annotated[KubeObject, _kube("ResourceRequirements")]
 RESERVED_VOLUMES: Final = ("plan", "podinfo", "dshm", "tmp", "checkpoints")
 RESERVED_MOUNT_PATHS: Final = (
     "/etc/sailplan/plan",
-    "/etc/sailplan/podinfo",
+    DEFAULT_PODINFO_DIR,
     "/dev/shm",
     "/tmp",
     "/checkpoints",

@@ -55,6 +55,11 @@ def _job(phase: str | None, *conditions: tuple[str, str, str, str]) -> dict[str,
             "Progressing",
             "checkpoint",
         ),
+        (
+            _job("Suspended", ("Suspended", "True", "JobSuspended", "no workers run")),
+            "Suspended",
+            "JobSuspended: no workers run",
+        ),
         (_job(None), "Progressing", "waiting"),
         ({"kind": "TrainingJob"}, "Progressing", "waiting"),
         (

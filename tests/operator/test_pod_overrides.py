@@ -17,7 +17,7 @@ from test_reconcile_trainingjob import NOW
 
 from sailplan.operator.api.common import GROUP, VERSION
 from sailplan.operator.api.gpupool import GPUPool
-from sailplan.operator.api.trainingjob import TrainingJob
+from sailplan.operator.api.trainingjob import RESERVED_MOUNT_PATHS, RESERVED_VOLUMES, TrainingJob
 from sailplan.operator.reconcile.children import TERMINATION_GRACE_SECONDS, desired_children
 from sailplan.operator.reconcile.overrides import IGNORED_ANNOTATION
 from sailplan.operator.reconcile.trainingjob import Observed, reconcile
@@ -221,6 +221,19 @@ def test_a_conflicting_node_selector_keeps_the_plans_pin_and_says_so(
     )
     (warning,) = [e for e in outcome.events if e.reason == "OverridesIgnored"]
     assert warning.type == "Warning" and "europe-west4-a" in warning.message
+
+
+def test_the_reserved_names_are_the_operators_volumes_and_mounts(
+    make_job: Callable[..., TrainingJob], plan: Plan, pools: tuple[GPUPool, ...]
+) -> None:
+    # With a claim, the pod has every volume the operator ever adds.
+    claim = {"persistentVolumeClaim": {"claimName": "ckpt"}}
+    job = make_job(JOB_SPEC | {"checkpoint": {"storage": claim}})
+    pod = desired_children(job, plan, 1, 0, {p.name: p for p in pools}).pods[0]
+    volumes = [v["name"] for v in pod["spec"]["volumes"]]
+    mounts = [m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]]
+    assert sorted(volumes) == sorted(RESERVED_VOLUMES)
+    assert sorted(mounts) == sorted(RESERVED_MOUNT_PATHS)
 
 
 @pytest.mark.parametrize(
