@@ -1,12 +1,12 @@
 """Prometheus metrics of the node agent, served on its own port (--metrics-port).
 
-Per GPU the agent manages (labels namespace, job, stage, gpu = the GPU's UUID): the SM
-clock it locked, the power and the energy per training step it measured, and the energy
-measured since it began managing the GPU for the pod. Per job (labels namespace, job,
-clocks = no-slowdown | default): the planner's predicted energy of one iteration of the
-whole job, so a dashboard compares `sum by (namespace, job)` of the measured per-GPU
-energy per step with the prediction. Label sets of GPUs whose pod went are removed, so a
-series never outlives its pod.
+Per GPU the agent manages (labels namespace, trainingjob, stage, gpu = the GPU's UUID):
+the SM clock it locked, the power and the energy per training step it measured, and the
+energy measured since it began managing the GPU for the pod. Per job (labels namespace,
+trainingjob, clocks = no-slowdown | default): the planner's predicted energy of one
+iteration of the whole job, so a dashboard compares `sum by (namespace, trainingjob)` of
+the measured per-GPU energy per step with the prediction. Label sets of GPUs whose pod
+went are removed, so a series never outlives its pod.
 
 A registry per AgentMetrics object: the tests make their own and read values from it.
 """
@@ -18,8 +18,10 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-GPU_LABELS = ("namespace", "job", "stage", "gpu")
-JOB_LABELS = ("namespace", "job", "clocks")
+# `trainingjob`, not `job`: Prometheus sets `job` on every series it scrapes (the scrape
+# job) and would rename a `job` label of ours to `exported_job`.
+GPU_LABELS = ("namespace", "trainingjob", "stage", "gpu")
+JOB_LABELS = ("namespace", "trainingjob", "clocks")
 
 
 class AgentMetrics:

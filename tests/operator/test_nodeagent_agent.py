@@ -162,7 +162,7 @@ def set_step(cluster: FakeCluster, step: int) -> None:
 
 
 def labels(nvml: FakeNVML, gpu: int, stage: str = "0") -> dict[str, str]:
-    return {"namespace": NAMESPACE, "job": "opt", "stage": stage, "gpu": nvml.uuid(gpu)}
+    return {"namespace": NAMESPACE, "trainingjob": "opt", "stage": stage, "gpu": nvml.uuid(gpu)}
 
 
 def test_the_opted_in_workers_gpus_are_locked_to_their_stage_clock_and_no_other(
@@ -196,7 +196,7 @@ def test_measured_energy_per_step_is_power_at_the_locked_clock_times_time_per_st
     watts = agent.metrics.value("sailplan_gpu_power_watts", labels(nvml, 0))
     assert watts == pytest.approx(a100_watts(catalog, 1200), abs=1e-3)
     # the planner's prediction for the whole job sits beside it
-    predicted = {"namespace": NAMESPACE, "job": "opt"}
+    predicted = {"namespace": NAMESPACE, "trainingjob": "opt"}
     assert agent.metrics.value(
         "sailplan_job_predicted_energy_per_step_joules", predicted | {"clocks": "no-slowdown"}
     ) == pytest.approx(1800.0)

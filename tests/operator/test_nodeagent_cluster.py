@@ -163,7 +163,7 @@ def test_the_agent_locks_and_resets_a_workers_gpus_on_the_api_server(
             stderr=subprocess.STDOUT,
         )
     try:
-        locked = f'sailplan_gpu_sm_clock_locked_mhz{{gpu="GPU-fake-{node}-0",job="opt",namespace="{namespace}",stage="0"}} {float(expected_mhz)}'
+        locked = f'sailplan_gpu_sm_clock_locked_mhz{{gpu="GPU-fake-{node}-0",namespace="{namespace}",stage="0",trainingjob="opt"}} {float(expected_mhz)}'
         wait_for(
             "the agent to lock the worker's GPUs",
             lambda: locked in _metrics(port),
