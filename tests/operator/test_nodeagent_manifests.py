@@ -156,3 +156,8 @@ def test_chart_values_reach_the_agent() -> None:
     assert container["ports"] == [{"name": "metrics", "containerPort": 9500}]
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["key"] == "example.com/gpu"
+
+
+def test_the_chart_with_the_agent_lints_clean() -> None:
+    linted = _tool("helm", "lint", "--strict", str(CHART), "--set", "nodeAgent.enabled=true")
+    assert "1 chart(s) linted, 0 chart(s) failed" in linted
