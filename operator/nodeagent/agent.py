@@ -135,7 +135,9 @@ class Agent:
     locked: dict[int, int] = field(default_factory=dict)  # GPU index -> MHz the agent locked
     _clocks: dict[tuple[str, str, str], ClockPlan | str] = field(default_factory=dict)
     _meter: EnergyMeter = field(default_factory=EnergyMeter)
-    _logged: set[str] = field(default_factory=set)
+    _logged: set[str] = field(default_factory=set)  # notes of the last pass
+    _noted: set[str] = field(default_factory=set)  # notes of this pass
+    _plans_used: set[tuple[str, str, str]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self._load_state()
@@ -160,10 +162,11 @@ class Agent:
         tmp.replace(self.state_file)
 
     def _note(self, line: str) -> None:
-        """Log a line once (a pass repeats every few seconds)."""
-        if line not in self._logged:
-            self._logged.add(line)
+        """Log a line when it first appears (a pass repeats every few seconds); a line
+        that went away and comes back is logged again."""
+        if line not in self._logged and line not in self._noted:
             log.info("%s", line)
+        self._noted.add(line)
 
     # -- one pass -----------------------------------------------------------------------
     def _clock_plan(self, worker: _Worker) -> ClockPlan | None:
@@ -175,6 +178,7 @@ class Agent:
             return None
         # A generation's ConfigMap is immutable: its uid names its plan.
         key = (worker.namespace, name, str((configmap.get("metadata") or {}).get("uid", "")))
+        self._plans_used.add(key)
         cached = self._clocks.get(key)
         if cached is None:
             try:
@@ -217,6 +221,16 @@ class Agent:
         return True
 
     def sync(self) -> Assignment:
+        self._noted = set()
+        self._plans_used = set()
+        try:
+            return self._sync()
+        finally:
+            self._logged = self._noted
+            # Clocks of plans no pod on the node runs any more are not needed again.
+            self._clocks = {k: v for k, v in self._clocks.items() if k in self._plans_used}
+
+    def _sync(self) -> Assignment:
         pods = self.cluster.node_pods()
         device_ids = self.devices.device_ids(pods)
         workers: list[WorkerGPUs] = []

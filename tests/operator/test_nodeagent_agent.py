@@ -309,3 +309,38 @@ def test_the_fake_allocator_gives_each_pod_the_lowest_free_gpus_and_frees_finish
         pod("c", 3, "2026-01-01T00:00:03Z"),
     ]
     assert allocator.device_ids(later) == {"b": ("2",), "c": ("0", "1", "3")}
+
+
+def test_a_plans_clocks_are_computed_once_and_a_note_is_logged_once(
+    cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from sailplan.operator.nodeagent import agent as agent_module
+
+    computed: list[int] = []
+
+    def counting(plan: Plan, catalog: Catalog) -> Any:
+        computed.append(1)
+        return plan_clocks(plan, catalog)
+
+    monkeypatch.setattr(agent_module, "plan_clocks", counting)
+    (name,) = [key[1] for key in cluster.configmaps]
+    configmap = cluster.configmaps[(NAMESPACE, name)]
+    plan = Plan.from_json(configmap["data"]["plan.json"])
+    # stage 0 replica 0 asks for 1203 MHz: not a level of the A100 (15 MHz steps)
+    odd = with_clocks(plan).model_copy(deep=True)
+    assert odd.predictions is not None and odd.predictions.energy is not None
+    clocks = list(odd.predictions.energy.stage_clocks)
+    clocks[0] = StageClocks(steady_mhz=(1203, 1305), fill_mhz=(1410, 1410))
+    energy = odd.predictions.energy.model_copy(update={"stage_clocks": tuple(clocks)})
+    odd = odd.model_copy(
+        update={"predictions": odd.predictions.model_copy(update={"energy": energy})}
+    )
+    configmap["data"] = {**configmap["data"], "plan.json": odd.to_json()}
+    agent, nvml = make_agent(cluster, Clock())
+    with caplog.at_level("INFO", logger="sailplan.nodeagent"):
+        for _ in range(3):
+            agent.sync()
+    assert computed == [1]
+    assert nvml.calls == [("lock", 0, 1200), ("lock", 1, 1200)]
+    clamped = [r.message for r in caplog.records if "does not support 1203 MHz" in r.message]
+    assert len(clamped) == 2  # one line per GPU, not one per pass
