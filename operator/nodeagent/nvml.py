@@ -33,7 +33,7 @@ _NAMES = {
 
 
 class NVMLError(Exception):
-    """An NVML call failed; `code` is NVML's return code."""
+    """An NVML call failed; `code` is NVML's return code (0: NVML itself is missing)."""
 
     def __init__(self, code: int, what: str = "") -> None:
         self.code = code
@@ -41,6 +41,8 @@ class NVMLError(Exception):
         super().__init__(code, what)
 
     def __str__(self) -> str:
+        if self.code == 0:
+            return self.what
         name = _NAMES.get(self.code, f"NVML error {self.code}")
         return f"{self.what}: {name}" if self.what else name
 
