@@ -42,6 +42,7 @@ from sailplan.operator.planning import PlanningService
 from sailplan.operator.profilestore import ProfileStore
 from sailplan.operator.reconcile.gpupool import pool_status
 from sailplan.operator.reconcile.nodes import NodeInfo, pod_gpu_reservation
+from sailplan.operator.reconcile.scaleup import next_change
 from sailplan.operator.reconcile.snapshot import with_reservations
 from sailplan.operator.reconcile.trainingjob import (
     Outcome,
@@ -73,6 +74,8 @@ class Runtime:
     pools: Coalesced = field(init=False)
     _stopping: bool = field(default=False, init=False)
     capacity_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
+    _pool_timer: asyncio.TimerHandle | None = field(default=None, init=False)
+    _timed_refreshes: set[asyncio.Task[None]] = field(default_factory=set, init=False)
 
     def __post_init__(self) -> None:
         self.queue = WorkQueue(self.reconcile_job, self.config.retry)
@@ -112,6 +115,7 @@ class Runtime:
                 waiting.setdefault(pool_name, {})[zone] = datetime.fromtimestamp(min(store), tz=UTC)
         now = _now()
         changed = False
+        wake_at: list[datetime] = []
         for name, store in sorted(pools_index.items()):
             for body in store:
                 try:
@@ -130,6 +134,15 @@ class Runtime:
                     reserved=reserved.get(name),
                     waiting_since=waiting.get(name),
                 )
+                if pool.spec.autoscaling is not None:
+                    moment = next_change(
+                        status.zones,
+                        waiting.get(name, {}),
+                        pool.spec.autoscaling.provisioning_timeout_seconds,
+                        now,
+                    )
+                    if moment is not None:
+                        wake_at.append(moment)
                 if status == pool.status:
                     continue
                 patch = merge_patch(
@@ -148,9 +161,36 @@ class Runtime:
                     continue
                 metrics.RECONCILES.labels(kind=pool_api.KIND, result="ok").inc()
                 changed = True
+        self._refresh_pools_at(min(wake_at) if wake_at else None, now)
         if changed:
             # Capacity changed: jobs waiting for GPUs may now plan.
             self.wake_all_jobs()
+
+    def _refresh_pools_at(self, moment: datetime | None, now: datetime) -> None:
+        """One timer for the next status change no event announces (a scale-up backoff
+        starting or ending); a later refresh replaces it."""
+        if self._pool_timer is not None:
+            self._pool_timer.cancel()
+            self._pool_timer = None
+        if moment is None:
+            return
+        loop = asyncio.get_running_loop()
+        delay = max(0.0, (moment - now).total_seconds()) + 1.0  # past the second it turns
+
+        def refresh() -> None:
+            self._pool_timer = None
+            task = loop.create_task(self._timed_pool_refresh())
+            self._timed_refreshes.add(task)  # a strong reference until it ends
+            task.add_done_callback(self._timed_refreshes.discard)
+
+        self._pool_timer = loop.call_later(delay, refresh)
+
+    async def _timed_pool_refresh(self) -> None:
+        try:
+            await self.pools.kick()
+        except Exception:
+            # The resync refreshes the pools again within a minute.
+            log.exception("GPUPool refresh failed at a scale-up deadline")
 
     def wake_all_jobs(self) -> None:
         for key in sorted(self.jobs):

@@ -17,6 +17,7 @@ pool with the zone's previous status.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final
@@ -68,3 +69,18 @@ def zone_backoff(
         )
         return ZoneBackoff(until=now + timedelta(seconds=seconds), seconds=seconds)
     return ZoneBackoff(until=None, seconds=last_seconds)
+
+
+def next_change(
+    status_zones: Iterable[ZoneStatus],
+    waiting_since: Mapping[str, datetime],
+    timeout_seconds: int,
+    now: datetime,
+) -> datetime | None:
+    """When the pool's status changes next without any event: the first backoff that ends,
+    or the first waiting worker that reaches the timeout (None when neither is pending).
+    The runtime refreshes the pools then, so a backoff starts and ends on time."""
+    moments = [z.scale_up_backoff_until for z in status_zones if z.scale_up_backoff_until]
+    moments += [since + timedelta(seconds=timeout_seconds) for since in waiting_since.values()]
+    future = [m for m in moments if m is not None and m > now]
+    return min(future) if future else None

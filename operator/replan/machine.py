@@ -385,7 +385,13 @@ def _replan(
             decision.plan.predictions.samples_per_second if decision.plan.predictions else None
         ),
     )
-    drain = trigger.graceful and state.phase == PHASE_RUNNING and any(not p.finished for p in mine)
+    # Only a worker that runs can write a checkpoint: workers still waiting for a node (a
+    # plan on capacity that never came) are replaced at once.
+    drain = (
+        trigger.graceful
+        and state.phase == PHASE_RUNNING
+        and any(p.phase == "Running" for p in mine)
+    )
     new = judged.model_copy(
         update={
             "phase": PHASE_DRAINING if drain else PHASE_SWITCHING,

@@ -176,3 +176,79 @@ def test_two_jobs_submitted_together_never_book_the_same_gpus(
     )
     assert pod_gpus(pods) <= 4
     assert not [p for p in pods_of(k8s_api, namespace, winner) if not p.metadata.deletion_timestamp]
+
+
+def test_a_zone_that_gives_no_node_is_backed_off_and_the_job_moves_to_nodes_that_exist(
+    k8s_api: Any,
+    namespace: str,
+    operator: OperatorProcess,
+    gpupools: Callable[..., str],
+) -> None:
+    # An autoscaled A100 pool at zero nodes that never gets any (no autoscaler here: a
+    # stockout), next to the local cluster's existing V100 spot nodes.
+    stocked_out = gpupools(
+        f"gone-{uuid.uuid4().hex[:6]}",
+        autoscaling={
+            "zones": [ZONE],
+            "machineType": "a2-highgpu-4g",
+            "maxNodesPerZone": 2,
+            "provisioningSeconds": 30,
+            "provisioningTimeoutSeconds": 60,
+        },
+    )
+    existing = gpupools("v100-spot")
+    wait_for(
+        "possible capacity in the stocked-out pool",
+        lambda: pool_status(k8s_api, stocked_out).get("gpusPossible") == 8,
+        90,
+    )
+    # A long job: eight A100s after a 30 s wait beat the V100s that exist now.
+    body = job_body(namespace, "moves", [stocked_out, existing])
+    body["spec"]["training"]["steps"] = 1_000_000
+    client.CustomObjectsApi(k8s_api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "trainingjobs", body
+    )
+
+    def waiting_for_a100() -> list[Any] | None:
+        pods = pods_of(k8s_api, namespace, "moves")
+        on_a100 = [p for p in pods if p.metadata.labels.get("sailplan.dev/gpupool") == stocked_out]
+        return on_a100 or None
+
+    first = wait_for("workers pinned to the pool at zero nodes", waiting_for_a100, 120)
+    assert all(p.spec.node_name is None for p in first)
+
+    def backed_off() -> dict[str, Any] | None:
+        status = pool_status(k8s_api, stocked_out)
+        conditions = {c["type"]: c for c in status.get("conditions", [])}
+        scale_up = conditions.get("ScaleUpAvailable", {})
+        return status if scale_up.get("status") == "False" else None
+
+    status = wait_for(
+        "the zone backed off after the 60 s timeout",
+        backed_off,
+        150,
+        lambda: str(pool_status(k8s_api, stocked_out)),
+    )
+    (zone,) = status["zones"]
+    assert zone["nodesPossible"] == 0 and zone["scaleUpBackoffSeconds"] == 300
+    assert (
+        ZONE in next(c for c in status["conditions"] if c["type"] == "ScaleUpAvailable")["message"]
+    )
+
+    def running_on_v100() -> list[Any] | None:
+        pods = pods_of(k8s_api, namespace, "moves")
+        ok = pods and all(
+            p.status.phase == "Running"
+            and p.metadata.labels.get("sailplan.dev/gpupool") == existing
+            for p in pods
+        )
+        return pods if ok else None
+
+    wait_for(
+        "the job replanned onto the V100s that exist, Running",
+        running_on_v100,
+        180,
+        lambda: str((get_job(k8s_api, namespace, "moves").get("status") or {}).get("conditions")),
+    )
+    job = wait_phase(k8s_api, namespace, "moves", {"Running"}, 60)
+    assert job["status"]["plan"]["generation"] >= 2

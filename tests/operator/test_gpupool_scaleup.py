@@ -15,6 +15,7 @@ from sailplan.operator.api.common import find_condition
 from sailplan.operator.api.gpupool import GPUPool, GPUPoolStatus
 from sailplan.operator.reconcile.gpupool import pool_status
 from sailplan.operator.reconcile.nodes import NodeInfo, created_at
+from sailplan.operator.reconcile.scaleup import next_change
 from sailplan.operator.reconcile.snapshot import build_snapshot
 from sailplan.planner.catalog import Catalog, default_catalog
 
@@ -160,3 +161,19 @@ def test_creation_time_of_a_pod_is_read_from_its_metadata() -> None:
     assert created_at(stamp) == NOW - timedelta(minutes=15)
     assert created_at({"metadata": {"creationTimestamp": "yesterday"}}) is None
     assert created_at({}) is None
+
+
+def test_the_next_change_is_the_first_backoff_end_or_timeout_still_to_come(
+    catalog: Catalog,
+) -> None:
+    pool, status = advance(
+        autoscaled(), catalog, NOW, waiting={ZONE_A: NOW - timedelta(seconds=900)}
+    )
+    # zone a's backoff ends at NOW + 300; a worker in zone b that started waiting a minute
+    # ago reaches the 900 s timeout at NOW + 840
+    waiting = {ZONE_B: NOW - timedelta(seconds=60)}
+    assert next_change(status.zones, waiting, 900, NOW) == NOW + timedelta(seconds=300)
+    later = NOW + timedelta(seconds=400)
+    _, status = advance(pool, catalog, later, waiting=waiting)
+    assert next_change(status.zones, waiting, 900, later) == NOW + timedelta(seconds=840)
+    assert next_change(status.zones, {}, 900, later) is None

@@ -242,6 +242,23 @@ def test_cooldown_delays_voluntary_but_not_involuntary(plan1: Plan) -> None:
     assert "DeletePods" in kinds(actions)
 
 
+def test_workers_that_never_got_a_node_are_replaced_without_a_drain(plan1: Plan) -> None:
+    # The plan's workers still wait for a node (the pool's zone gave none: a stockout) when
+    # the capacity they were planned on is gone; V100s exist elsewhere. No worker runs, so
+    # none can write a checkpoint: switch at once instead of waiting drainTimeoutSeconds.
+    job = make_job()
+    state = running_state(job, plan1)
+    waiting = pods(job, plan1, 1, phase="Pending")
+    for body in waiting:
+        body["spec"] = {k: v for k, v in body["spec"].items() if k != "nodeName"}
+    v100 = pool("v100", "v100-ondemand", {ZONE: 2}, gpu_type="V100-16")
+    inputs = observe(job, plan1, waiting, nodes(0), [gpupool(0, 0), v100])
+    switched, actions = replay(state, inputs, NOW)
+    assert switched.phase == "Switching" and switched.trigger == t.CAPACITY_LOST
+    assert "RequestCheckpoint" not in kinds(actions)
+    assert m.DeletePods(names(waiting)) in actions
+
+
 def test_no_capacity_waits_and_resumes_by_itself(plan1: Plan) -> None:
     job = make_job()
     state = running_state(job, plan1)
