@@ -4,6 +4,7 @@ rejects bad overrides naming the field (cluster)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,7 @@ from pydantic import ValidationError
 from test_operator_cluster import job_body
 from test_reconcile_trainingjob import NOW
 
+from sailplan.operator.api import kubeschema
 from sailplan.operator.api.common import GROUP, VERSION
 from sailplan.operator.api.gpupool import GPUPool
 from sailplan.operator.api.trainingjob import RESERVED_MOUNT_PATHS, RESERVED_VOLUMES, TrainingJob
@@ -24,6 +26,7 @@ from sailplan.operator.reconcile.trainingjob import Observed, reconcile
 from sailplan.planner.api import Planned
 from sailplan.planner.catalog import Catalog
 from sailplan.planner.plan import Plan
+from sailplan_dev.localcluster import build
 
 NODEPOOL = "cloud.google.com/gke-nodepool"
 ZONE = "topology.kubernetes.io/zone"
@@ -296,3 +299,22 @@ def test_the_api_server_rejects_bad_overrides_naming_the_field(
         GROUP, VERSION, namespace, "trainingjobs", body
     )
     assert created["spec"]["podTemplateOverrides"] == OVERRIDES
+
+
+def test_the_vendored_kubernetes_schemas_are_the_local_clusters_release() -> None:
+    """api/data/kubernetes-core-v1.json is the closure of the embedded types in the OpenAPI
+    document of the Kubernetes release the local cluster runs (its Go module is in the
+    build cache once `sailplan cluster build` ran)."""
+    assert build.K8S_VERSION in kubeschema.SOURCE
+    upstream = (
+        build.cache_root()
+        / "go/mod/k8s.io"
+        / f"kubernetes@{build.K8S_VERSION}"
+        / "api/openapi-spec/v3/api__v1_openapi.json"
+    )
+    if not upstream.exists():
+        pytest.skip(f"{upstream} missing: run `sailplan cluster build`")
+    vendored = json.loads(kubeschema.DATA.read_text())
+    assert vendored["definitions"] == kubeschema.closure(json.loads(upstream.read_text())), (
+        "regenerate with `python -m sailplan.operator.api.kubeschema " + str(upstream) + "`"
+    )
