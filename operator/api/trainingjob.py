@@ -2,8 +2,10 @@
 
 The spec says what to train (a catalog model or a custom shape), how (batch, steps,
 optimizer), where it may run (pools), what "best" means (objective and constraints), with
-what image and checkpoint storage, and how to react to failures and cluster changes. The
-status is the operator's account of it: phase, conditions with reasons, the current plan's
+what image and checkpoint storage, and how to react to failures and cluster changes; the
+batch fields users of Job, JobSet and Kubeflow Trainer expect (suspend, managedBy, an
+active deadline, a TTL after finishing) and pod template overrides for the worker pods,
+whose pod fields use Kubernetes' own schemas (api.kubeschema). The status is the operator's account of it: phase, conditions with reasons, the current plan's
 summary and generation, progress mirrored from rank 0, and the history of plans.
 """
 

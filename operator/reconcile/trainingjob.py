@@ -14,6 +14,13 @@ current plan is the one of `status.replan.generation`, not the newest ConfigMap,
 switch the operator was interrupted in is resumed, never half-adopted. A job whose status
 lost its replan state adopts the newest plan ConfigMap and recreates only the missing pods.
 
+The batch fields come first: a job whose spec.managedBy names another controller is left
+alone (Outcome.managed False: nothing is written); a finished job only waits for
+spec.ttlSecondsAfterFinished (Outcome.delete_job); one active past
+spec.activeDeadlineSeconds since status.startTime fails and loses its workers. A suspended
+job that never planned stays without a plan; once it has one, the replan machine drains
+and suspends it, and resumes it with a new plan.
+
 The planner answers at once (sailplan.operator.search): while its search runs the pass
 reports condition Planning and changes nothing else, and the planning service wakes the job
 when the search ends. Each path of the pass states what it found as `Facts`; the status
@@ -176,6 +183,10 @@ def resolve_model(job: TrainingJob, catalog: Catalog) -> ModelSpec:
     else:  # the CRD's CEL rule makes this unreachable through the API server
         raise ValueError("spec.model: set exactly one of name and custom")
     length = job.spec.training.sequence_length
+    if length is not None and model.architecture == "convnet":
+        raise ValueError(
+            f"spec.training.sequenceLength: {model.name} is a convnet, it has no sequence length"
+        )
     if length is not None and length != model.sequence_length:
         model = ModelSpec.model_validate(model.model_dump() | {"sequence_length": length})
     return model
