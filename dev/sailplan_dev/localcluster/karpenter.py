@@ -4,10 +4,11 @@ A GPUPool with spec.autoscaling counts nodes that do not exist yet: the operator
 worker pods pinned to the pool and zone and relies on a node autoscaler to add the nodes.
 The Kubernetes cluster-autoscaler is not served by the module proxy here; Karpenter is, and
 its kwok provider makes Node objects instead of VMs. So the autoscaling cluster test
-(tests/operator/test_karpenter_cluster.py) runs the real Karpenter, built by `build`,
-against the local cluster: it sees the pending pods, creates NodeClaims and Nodes labelled
-like the GKE node pool's nodes (karpenter_shapes), the cluster's kwok keeps them Ready
-(their template labels carry MANAGER_LABEL=kwok), and Karpenter removes them once empty.
+(tests/operator/test_karpenter_cluster.py) and benchmarks/autoscale.py run the real
+Karpenter, built by `build`, against the local cluster: it sees the pending pods, creates
+NodeClaims and Nodes labelled like the GKE node pool's nodes (karpenter_shapes), the
+cluster's kwok keeps them Ready (their template labels carry MANAGER_LABEL=kwok), and
+Karpenter removes them once empty.
 
 Empty nodes go 25-40 s after their last pod: Karpenter's disruption loop polls every 10 s
 and waits 15 s before acting on a decision (constants in its code, no settings).
@@ -22,15 +23,13 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from kubernetes import client
 
-from sailplan.operator.api.gpupool import GPUPool
 from sailplan_dev.apply import apply, load_documents
 
 from . import build
@@ -41,11 +40,9 @@ from .karpenter_shapes import (
     NODEPOOL_OF_NODE_LABEL,
     OWNER_LABEL,
     KarpenterError,
-    instance_types,
-    node_pools,
 )
 
-__all__ = ["Karpenter", "KarpenterError", "running"]
+__all__ = ["Karpenter", "KarpenterError"]
 
 _NODEPOOLS: Final = (KARPENTER_GROUP, KARPENTER_VERSION_API, "nodepools")
 _NODECLAIMS: Final = (KARPENTER_GROUP, KARPENTER_VERSION_API, "nodeclaims")
@@ -278,25 +275,3 @@ def _ignore_404(call: Callable[..., Any], *args: Any) -> None:
     except client.ApiException as error:
         if error.status != 404:
             raise
-
-
-@contextmanager
-def running(
-    kubeconfig: Path,
-    api: Any,
-    workdir: Path,
-    pools: Iterable[GPUPool],
-    consolidate_after_s: int = 0,
-) -> Iterator[Karpenter]:
-    """Karpenter with the instance types of the pools' zones and one NodePool set per
-    GPUPool; stopped (its nodes removed) on exit."""
-    pools = list(pools)
-    zones = {z for p in pools if p.spec.autoscaling for z in p.spec.autoscaling.zones}
-    karpenter = Karpenter(kubeconfig, api, workdir)
-    try:
-        karpenter.start(instance_types(zones))
-        for pool in pools:
-            karpenter.apply_node_pools(node_pools(pool, consolidate_after_s))
-        yield karpenter
-    finally:
-        karpenter.stop()

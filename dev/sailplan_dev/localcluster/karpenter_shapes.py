@@ -4,8 +4,8 @@ Pure (no I/O), so unit tests check every label, limit and taint without a cluste
 (tests/cluster/test_karpenter_units.py). `instance_types` is Karpenter's kwok-provider
 instance-types file: the GKE GPU machine types of operator.api.machines, sized by GKE's
 machine pages and priced from the planner's catalog. `node_pools` are the NodePools a
-GPUPool's spec.autoscaling stands for. Used by localcluster.karpenter (the process) and
-the cluster test.
+GPUPool's spec.autoscaling stands for. The cluster test and benchmarks/autoscale.py give
+them to localcluster.karpenter.Karpenter (the process).
 """
 
 from __future__ import annotations
