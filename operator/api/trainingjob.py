@@ -107,6 +107,9 @@ REASON_NOT_REPLANNING: Final = "Stable"
 REASON_NO_CAPACITY: Final = "NoCapacity"
 REASON_REPLANNING: Final = "Replanning"
 REASON_POOL_MISSING: Final = "PoolMissing"
+# Running=False: the API server refused to create worker pods (admission, quota, a
+# priority class that does not exist); the message is the API server's.
+REASON_POD_CREATE_FAILED: Final = "PodCreateFailed"
 # Planning: why a search runs or how the last one ended.
 REASON_SEARCHING: Final = "Searching"
 REASON_PLAN_FOUND: Final = "PlanFound"

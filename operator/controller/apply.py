@@ -3,17 +3,22 @@
 The runtime (sailplan.operator.controller.runtime) calls `apply_outcome` after the pure
 reconcile: children first (plan ConfigMap and Service before any pod, pods in parallel
 batches), then deletions and annotations, the status as one merge patch, the decisions as
-Events, and the requeue the reconcile asked for. `collect_results` stores the results of
+Events, and the requeue the reconcile asked for. A worker pod the API server refuses
+(invalid, or forbidden by admission or quota: often what spec.podTemplateOverrides asked
+for) makes Running=False with reason PodCreateFailed and the API server's message, and a
+Warning; the pass is retried a minute later. `collect_results` stores the results of
 succeeded profiling Jobs in the profile store.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any, Final
 
 import kopf
 from kubernetes.client.exceptions import ApiException
@@ -28,10 +33,14 @@ from sailplan.operator.profiling.jobs import REPORT_CONTAINER
 from sailplan.operator.profiling.status import RESULT_ERROR_ANNOTATION
 from sailplan.operator.profiling.step import Collect
 from sailplan.operator.reconcile.summary import KubeEvent
-from sailplan.operator.reconcile.trainingjob import Outcome, merge_patch
+from sailplan.operator.reconcile.trainingjob import Outcome, merge_patch, pods_refused
 
 log = logging.getLogger("sailplan.operator")
 
+# Pod creations the API server refuses for good reasons of the object or the namespace
+# (invalid, forbidden by admission or quota): reported on the job, retried after a while.
+REFUSED: Final = frozenset({400, 403, 422})
+REFUSED_RETRY_SECONDS: Final = 60.0
 # Pods are created in parallel batches of this size (an API server handles it easily; one
 # by one a 64-worker job would take a few seconds longer to start).
 CREATE_BATCH = 16
@@ -100,9 +109,32 @@ async def apply_outcome(
     others = [o for o in outcome.create if o["kind"] != "Pod"]
     for obj in others:  # the plan ConfigMap and the Service before any pod
         await run_blocking(kube.create, obj)
+    refused: list[str] = []
     for start in range(0, len(pods), CREATE_BATCH):
         batch = pods[start : start + CREATE_BATCH]
-        await asyncio.gather(*(run_blocking(kube.create, pod) for pod in batch))
+        results = await asyncio.gather(
+            *(run_blocking(kube.create, pod) for pod in batch), return_exceptions=True
+        )
+        for pod, result in zip(batch, results, strict=True):
+            if isinstance(result, ApiException) and result.status in REFUSED:
+                refused.append(f"{pod['metadata']['name']}: {_api_message(result)}")
+            elif isinstance(result, BaseException):
+                raise result
+    if refused:
+        # What the user asked for (spec.podTemplateOverrides, the trainer's service account)
+        # or the namespace's quota and admission policies: a reason, not a retry loop.
+        message = f"the API server refused {len(refused)} worker pods; {refused[0]}"
+        outcome = replace(
+            outcome,
+            status=pods_refused(outcome.status, message, datetime.now(UTC).replace(microsecond=0)),
+            events=(
+                *outcome.events,
+                KubeEvent("Warning", job_api.REASON_POD_CREATE_FAILED, message),
+            ),
+            requeue_after=min(
+                outcome.requeue_after or REFUSED_RETRY_SECONDS, REFUSED_RETRY_SECONDS
+            ),
+        )
     for pod_name in outcome.delete_pods:
         await run_blocking(kube.delete_pod, namespace, pod_name)
     for pod_name, wanted in outcome.annotate_pods:
@@ -128,6 +160,16 @@ async def apply_outcome(
     if outcome.requeue_after is not None:
         requeue_after(outcome.requeue_after)
     metrics.RECONCILES.labels(kind=job_api.KIND, result="ok").inc()
+
+
+def _api_message(error: ApiException) -> str:
+    """The API server's own message (the Status body's), else the HTTP reason."""
+    try:
+        body = json.loads(error.body or "")
+    except (TypeError, ValueError):
+        body = None
+    message = body.get("message") if isinstance(body, dict) else None
+    return str(message or f"{error.status} {error.reason}")
 
 
 async def collect_results(

@@ -957,6 +957,20 @@ def _run(
     )
 
 
+def pods_refused(status: TrainingJobStatus, message: str, now: datetime) -> TrainingJobStatus:
+    """`status` after the API server refused to create worker pods (the handler found out
+    while applying the pass): Running=False with reason PodCreateFailed and its message.
+    The next pass creates the missing pods again."""
+    refused = Condition(
+        type=api.COND_RUNNING,
+        status="False",
+        reason=api.REASON_POD_CREATE_FAILED,
+        message=message,
+        observed_generation=status.observed_generation,
+    )
+    return _with_conditions(status, [refused], now)
+
+
 def status_patch(status: TrainingJobStatus) -> dict[str, Any]:
     """The JSON body for the status subresource (round-trips through json for datetimes)."""
     patch: dict[str, Any] = json.loads(status.model_dump_json(by_alias=True, exclude_none=True))

@@ -13,8 +13,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from operator_builders import JOB_SPEC, RecordingPlanner
 from pydantic import ValidationError
-from test_operator_cluster import job_body
+from test_operator_cluster import get_job, job_body, pods_of
 from test_reconcile_trainingjob import NOW
+from waiting import wait_for
 
 from sailplan.operator.api import kubeschema
 from sailplan.operator.api.common import GROUP, VERSION
@@ -318,3 +319,26 @@ def test_the_vendored_kubernetes_schemas_are_the_local_clusters_release() -> Non
     assert vendored["definitions"] == kubeschema.closure(json.loads(upstream.read_text())), (
         "regenerate with `python -m sailplan.operator.api.kubeschema " + str(upstream) + "`"
     )
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_pods_the_api_server_refuses_are_a_condition_with_its_message(
+    k8s_api: Any, namespace: str, operator: Any, gpupools: Callable[..., str]
+) -> None:
+    pool = gpupools("a100-ondemand")
+    overrides = {"spec": {"priorityClassName": "no-such-class"}}
+    body = job_body(namespace, "refused", [pool], podTemplateOverrides=overrides)
+    client.CustomObjectsApi(k8s_api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "trainingjobs", body
+    )
+
+    def refused() -> dict[str, Any] | None:
+        status = get_job(k8s_api, namespace, "refused").get("status") or {}
+        running = {c["type"]: c for c in status.get("conditions", [])}.get("Running", {})
+        return running if running.get("reason") == "PodCreateFailed" else None
+
+    running = wait_for("Running=False/PodCreateFailed", refused, 120)
+    assert running["status"] == "False"
+    assert "no-such-class" in running["message"]
+    assert not pods_of(k8s_api, namespace, "refused")
