@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from operator_process import OperatorProcess
-from test_autoscaled_pools_cluster import pod_gpus, submit, zone_of
+from test_autoscaled_pools_cluster import pod_gpus, pool_status, submit, zone_of
 from test_operator_cluster import pods_of, wait_phase
 from waiting import wait_for
 
@@ -139,7 +139,8 @@ def test_karpenter_grows_a_pool_from_zero_for_a_job_and_removes_the_nodes_after(
 
     bound = wait_for("worker pods Running on nodes Karpenter added", running, 120, explain)
     nodes = {n.metadata.name: n for n in nodes_of(k8s_api, node_pool)}
-    assert {p.spec.node_name for p in bound} <= set(nodes)
+    used = {p.spec.node_name for p in bound}
+    assert used <= set(nodes)
     # Nodes as GKE would label and size them, in the zone the pods are pinned to.
     for node in nodes.values():
         labels = node.metadata.labels
@@ -151,9 +152,20 @@ def test_karpenter_grows_a_pool_from_zero_for_a_job_and_removes_the_nodes_after(
         assert ("nvidia.com/gpu", "NoSchedule") in {(t.key, t.effect) for t in node.spec.taints}
     # The workers fill whole nodes (no node half used while another is added), and the
     # pool's limit holds: nodes of a plan the job replaced before they came count too.
-    assert len({p.spec.node_name for p in bound}) == -(-pod_gpus(bound) // GPUS_PER_NODE)
+    assert len(used) == -(-pod_gpus(bound) // GPUS_PER_NODE)
     assert len(nodes) <= MAX_NODES
     wait_phase(k8s_api, namespace, "grow", {"Running"}, 60)
+    # The GPUPool counts Karpenter's nodes as its own (they carry what it selects) and holds
+    # no reservation once the workers are bound.
+    wait_for(
+        "the GPUPool status to count the new nodes, nothing reserved",
+        lambda: (
+            (s := pool_status(k8s_api, name)).get("nodesReady", 0) >= len(used)
+            and s.get("gpusReserved", 0) == 0
+        ),
+        60,
+        lambda: str(pool_status(k8s_api, name)),
+    )
 
     client.CustomObjectsApi(k8s_api).delete_namespaced_custom_object(
         GROUP, VERSION, namespace, "trainingjobs", "grow"
