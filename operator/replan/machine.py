@@ -528,7 +528,9 @@ def _suspend(
     if state.phase == PHASE_SUSPENDED:
         return state, [DeletePods(live)] if live else []
     message = "spec.suspend is true"
-    running = [p for p in _current(state, inputs) if not p.finished and not p.deleting]
+    # Only a worker that runs can be training: pods still Pending (no node yet, an image
+    # pulling) have nothing to checkpoint and are deleted at once.
+    running = [p for p in _current(state, inputs) if p.phase == "Running" and not p.deleting]
     if state.phase == PHASE_DRAINING and state.trigger == t.SUSPENDED:
         drain = _drain(state, inputs, now, context.config.drain_timeout_seconds)
         if not drain.over:

@@ -93,3 +93,13 @@ def test_unsuspending_during_the_drain_replans_and_replaces_the_draining_workers
     assert "CreateChildren" not in kinds(actions)
     history = [a.record for a in actions if isinstance(a, m.RecordHistory)]
     assert [(r.trigger, r.from_generation, r.to_generation) for r in history] == [(t.RESUMED, 1, 2)]
+
+
+def test_workers_that_never_ran_are_deleted_without_a_drain(plan1: Plan) -> None:
+    job = make_job(suspend=True)
+    pending = pods(job, plan1, 1, phase="Pending")
+    state = running_state(job, plan1)
+    inputs = observe(job, plan1, pending, nodes(1), [gpupool(1, 0)])
+    new, actions = replay(state, inputs, NOW)
+    assert new.phase == "Suspended"
+    assert actions == (m.DeletePods(names(pending)),)
