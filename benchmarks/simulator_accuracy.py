@@ -122,7 +122,11 @@ def fit_memory(
             if a > 0:
                 activations += costs.boundary_bytes(plan.micro_batch_size, a)
             flight = in_flight_micro_batches(index, plan.pipeline_depth, plan.num_micro_batches)
-            states = table.parameters(a, b) * costs.bytes_per_param
+            states = float(
+                costs.model_state_bytes(
+                    table.parameters(a, b), plan.data_parallel, table.tensor_parallel
+                )
+            )
             predicted = states + activations * flight * base.activation_allocator_factor
             if best is None or predicted > best[0]:
                 best = (predicted, states, activations * flight)

@@ -13,7 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sailplan.planner.cluster import ClusterSnapshot
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.plan import Plan
+from sailplan.planner.precision import PrecisionChoice, resolve_precision
 from sailplan.planner.profiles.types import ProfileSet
+from sailplan.planner.simulator.context import DEFAULT_TRAINING
+from sailplan.planner.simulator.memory import Precision, TrainingSetup
 
 if TYPE_CHECKING:
     from sailplan.planner.catalog import Catalog
@@ -42,6 +45,21 @@ class PlanRequest(BaseModel):
     model: ModelSpec
     global_batch_size: int = Field(ge=1)
     optimizer: Literal["adam", "sgd"] = "adam"
+    precision: PrecisionChoice = Field(
+        default="fp32",
+        description=(
+            "auto = bf16 where every GPU type of the plan has it (catalog), else fp16 with "
+            "loss scaling; or a fixed choice. The trainer keeps fp32 master weights either way"
+        ),
+    )
+    zero_stage: Literal[0, 1, 2] | None = Field(
+        default=None,
+        description=(
+            "price memory and gradient traffic as the Sailplan trainer holds them at this ZeRO "
+            "stage (TrainerConfig.zero_stage; simulator/memory.py); None = the layout the "
+            "simulator's constants were fitted on (16 bytes per parameter, fp16 gradients)"
+        ),
+    )
     cluster: ClusterSnapshot
     objective: Objective = Objective()
     top_k: int = Field(default=3, ge=1, le=50)
@@ -58,6 +76,14 @@ class PlanRequest(BaseModel):
             "SearchDeadline if it found none. None = search until the optimum is proven"
         ),
     )
+
+    def training_setup(self) -> TrainingSetup:
+        """What each GPU holds (simulator/memory.py). bf16 and fp16 price alike, so "auto"
+        is priced as 16-bit before the plan's GPU types are known."""
+        if self.zero_stage is None:
+            return DEFAULT_TRAINING
+        precision: Precision = "fp32" if self.precision == "fp32" else "bf16"
+        return TrainingSetup.trainer(zero_stage=self.zero_stage, precision=precision)
 
     @model_validator(mode="after")
     def _has_gpus(self) -> PlanRequest:
@@ -197,6 +223,19 @@ def make_plan(
             update={
                 "best": rehash(result.best),
                 "alternatives": tuple(rehash(p) for p in result.alternatives),
+            }
+        )
+    if isinstance(result, Planned):
+
+        def with_precision(plan: Plan) -> Plan:
+            gpus = {r.gpu_type for stage in plan.stages for r in stage.replicas}
+            chosen = resolve_precision(request.precision, gpus, catalog)
+            return plan.model_copy(update={"precision": chosen})
+
+        result = result.model_copy(
+            update={
+                "best": with_precision(result.best),
+                "alternatives": tuple(with_precision(p) for p in result.alternatives),
             }
         )
     return result

@@ -174,6 +174,14 @@ class Plan(BaseModel):
     kind: Literal["Plan"] = "Plan"
     model: ModelSpec
     optimizer: Literal["adam", "sgd"] = "adam"
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        default="fp32",
+        description=(
+            "compute precision: the trainer keeps fp32 parameters (master weights) and runs "
+            "forward and backward under torch.autocast in bf16 or fp16 (fp16 with dynamic "
+            "loss scaling); fp32 = no autocast"
+        ),
+    )
     global_batch_size: int = Field(ge=1)
     micro_batch_size: int = Field(ge=1)
     num_micro_batches: int = Field(

@@ -107,6 +107,11 @@ class GPUSpec(BaseModel):
     name: str
     memory_gib: float = Field(gt=0)
     peak_flops: float = Field(gt=0, description="dense bf16/fp16 tensor FLOP/s")
+    bf16: bool = Field(
+        default=True,
+        description="computes bf16 (Ampere and later); Volta and Turing only fp16, so mixed "
+        "precision there is fp16 with loss scaling",
+    )
     memory_bandwidth_bytes_per_s: float = Field(gt=0)
     gpus_per_node: tuple[int, ...] = Field(min_length=1)
     intra_node_link: str

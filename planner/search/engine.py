@@ -163,6 +163,7 @@ class Search:
             profiles=profiles,
             catalog=catalog,
             optimizer=request.optimizer,
+            training=request.training_setup(),
         )
         self.costs: CostModel = self.context.costs
         self.goal = Goal(request.objective, request.global_batch_size)

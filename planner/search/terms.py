@@ -89,7 +89,7 @@ def kind_tables(
     compute = _range_matrix(table.forward) + _range_matrix(table.backward)
     update = _range_matrix(table.update)
     params = _range_matrix(table.params)
-    grads = np.where(upper, params * tp * costs.constants.gradient_bytes, 0.0)
+    grads = np.where(upper, params * tp * costs.training.gradient_bytes, 0.0)
     allreduce = costs.allreduce_seconds_array(grads, layout, tp)
     if costs.constants.overlap_allreduce and dp > 1:
         # simulate(): what the last backward cannot hide, at least the last bucket
@@ -103,7 +103,7 @@ def kind_tables(
     # a stage that is not first holds its input: row a = a stage starting at layer a
     for a in range(1, n - 1):
         boundary[a, 0] = costs.boundary_bytes(mbs, a)
-    base = params * costs.bytes_per_param + costs.constants.framework_overhead_bytes
+    base = costs.model_state_bytes(params, dp, tp) + costs.constants.framework_overhead_bytes
     per_flight = (activations + boundary) * costs.constants.activation_allocator_factor
     inf = np.inf
     return KindTables(

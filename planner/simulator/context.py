@@ -2,8 +2,9 @@
 
 One immutable object carries the model, the cluster snapshot, the completed ProfileSet
 (measured where available, estimated elsewhere: see profiles.estimate.complete_profiles),
-the catalog, the optimizer and the simulator's calibrated constants. simulate() and the
-search's fast cost API (costs.CostModel) both read it, so they price plans identically.
+the catalog, the optimizer, how the weights are trained (TrainingSetup: ZeRO stage,
+parameter dtype) and the simulator's calibrated constants. simulate() and the search's
+fast cost API (costs.CostModel) both read it, so they price plans identically.
 
 Built by planner.api (the front door) and the CLI's `simulate`; the constants below are the
 only tuned numbers of the simulator and each says where its value comes from.
@@ -19,6 +20,7 @@ from sailplan.planner.catalog import Catalog, default_catalog
 from sailplan.planner.cluster import ClusterSnapshot
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.profiles.types import ProfileSet
+from sailplan.planner.simulator.memory import TrainingSetup
 
 if TYPE_CHECKING:
     from sailplan.planner.simulator.costs import CostModel
@@ -44,10 +46,9 @@ class SimulatorConstants:
     Communication has no constant here: it is priced from the network's bandwidths and
     NCCL's algorithms (simulator/collectives.py, CostModel.p2p_seconds), each input a
     measured profile or a catalog datasheet figure.
-    - adam_bytes_per_param: mixed-precision Adam: fp16 weights (2) + fp16 gradients (2) +
-      fp32 master weights, momentum and variance (12) = 16 (ZeRO paper, Sec. 3.1).
-    - sgd_bytes_per_param: fp16 weights + fp16 gradients + fp32 master weights = 8.
-    - gradient_bytes: gradients are all-reduced in fp16/bf16.
+    Model states (weights, gradients, master weights, optimizer states, buckets) and the
+    gradients' dtype are not constants: they follow PlanningContext.training
+    (simulator/memory.py).
     - bucket_bytes: gradient all-reduce bucket (DeepSpeed's reduce_bucket_size, 5e8).
     - overlap_allreduce: False = gradients are reduced after the last backward, as the
       DeepSpeed pipeline engine and Megatron without --overlap-grad-reduce do (the measured
@@ -66,19 +67,14 @@ class SimulatorConstants:
 
     framework_overhead_bytes: float = 5.15e9
     activation_allocator_factor: float = 1.06
-    adam_bytes_per_param: float = 16.0
-    sgd_bytes_per_param: float = 8.0
-    gradient_bytes: int = 2
     bucket_bytes: float = 5e8
     overlap_allreduce: bool = False
     flash_attention: bool = False
     blocking_p2p: bool = False
 
-    def bytes_per_param(self, optimizer: Optimizer) -> float:
-        return self.adam_bytes_per_param if optimizer == "adam" else self.sgd_bytes_per_param
-
 
 DEFAULT_CONSTANTS = SimulatorConstants()
+DEFAULT_TRAINING = TrainingSetup()
 
 
 @dataclass(frozen=True)
@@ -91,6 +87,9 @@ class PlanningContext:
     catalog: Catalog = field(default_factory=default_catalog)
     optimizer: Optimizer = "adam"
     constants: SimulatorConstants = DEFAULT_CONSTANTS
+    # how the weights are trained (ZeRO stage, parameter dtype): the default is the layout
+    # the constants were fitted on; planner.api plans with TrainingSetup.trainer(...)
+    training: TrainingSetup = DEFAULT_TRAINING
 
     @cached_property
     def costs(self) -> CostModel:

@@ -25,7 +25,11 @@ import numpy as np
 import numpy.typing as npt
 
 from sailplan.planner.cluster import region_of
-from sailplan.planner.profiles.memory import boundary_activation_bytes, layer_activation_bytes
+from sailplan.planner.profiles.memory import (
+    ACTIVATION_BYTES,
+    boundary_activation_bytes,
+    layer_activation_bytes,
+)
 from sailplan.planner.profiles.types import (
     BandwidthCurve,
     LinkClass,
@@ -42,6 +46,7 @@ from sailplan.planner.simulator.collectives import (
 from sailplan.planner.simulator.collectives import (
     allreduce_seconds as collective_allreduce_seconds,
 )
+from sailplan.planner.simulator.memory import Bytes, ModelStateBytes, model_state_bytes
 
 if TYPE_CHECKING:
     from sailplan.planner.simulator.context import PlanningContext
@@ -189,7 +194,8 @@ class CostModel:
         self.model = context.model
         self.constants = context.constants
         self.num_layers = context.model.num_layers
-        self.bytes_per_param = context.constants.bytes_per_param(context.optimizer)
+        self.training = context.training
+        self._largest_tensor: dict[int, float] = {}
         self._tables: dict[tuple[str, int, int], StageTable | None] = {}
         self._curves: dict[tuple[LinkClass, str, str, int], BandwidthCurve] = {}
         self._pools = {p.name: p for p in context.cluster.pools}
@@ -240,6 +246,7 @@ class CostModel:
             activations=prefix(
                 [
                     layer_activation_bytes(self.model, i, tp, mbs, flash)
+                    * self.training.activation_scale
                     for i in range(self.num_layers)
                 ]
             ),
@@ -248,7 +255,30 @@ class CostModel:
     def boundary_bytes(self, mbs: int, layer: int) -> int:
         """Bytes of one activation (or its gradient) crossing the stage boundary before
         `layer` (an encoder-decoder's decoder side carries the encoder output too)."""
-        return boundary_activation_bytes(self.model, mbs, layer)
+        # profiles.memory counts 16-bit elements; the training setup says what is sent
+        elements = boundary_activation_bytes(self.model, mbs, layer) // ACTIVATION_BYTES
+        return elements * self.training.boundary_element_bytes
+
+    def largest_tensor(self, tp: int) -> float:
+        """Elements of the largest parameter tensor of a TP rank (embedding or head, an MLP
+        or the fused QKV projection): ZeRO-2 may hold that many unreduced gradients."""
+        cached = self._largest_tensor.get(tp)
+        if cached is None:
+            m = self.model
+            widest = max(m.vocab_size, m.ffn_size * (2 if m.mlp == "swiglu" else 1))
+            cached = float(max(widest, 3 * m.hidden_size) * m.hidden_size / tp)
+            self._largest_tensor[tp] = cached
+        return cached
+
+    def model_states(self, params: Bytes, data_parallel: int, tp: int) -> ModelStateBytes:
+        """Model-state terms of one GPU holding `params` parameters (simulator/memory.py)."""
+        return model_state_bytes(
+            params, data_parallel, self.training, self.context.optimizer, self.largest_tensor(tp)
+        )
+
+    def model_state_bytes(self, params: Bytes, data_parallel: int, tp: int) -> Bytes:
+        """Sum of the model-state terms; `params` may be a numpy array (the search's tables)."""
+        return self.model_states(params, data_parallel, tp).total
 
     def stage_memory_bytes(
         self,
@@ -259,26 +289,30 @@ class CostModel:
         stage: int,
         num_stages: int,
         num_micro_batches: int,
+        data_parallel: int = 1,
     ) -> float:
         """Peak memory of one GPU of a stage replica holding layers [a, b).
 
-        Model states (weights, gradients, optimizer) + the activations of the micro-batches
-        1F1B keeps in flight (each with its received input when the stage is not the first)
-        + the framework's fixed overhead.
+        Model states (weights, gradients, master weights, optimizer states, reduce buckets,
+        shared over `data_parallel` replicas under ZeRO: simulator/memory.py) + the
+        activations of the micro-batches 1F1B keeps in flight (each with its received input
+        when the stage is not the first) + the framework's fixed overhead.
         """
         in_flight = in_flight_micro_batches(stage, num_stages, num_micro_batches)
         activations = table.activation_bytes(a, b)
         if a > 0:
             activations += self.boundary_bytes(table.micro_batch_size, a)
         return (
-            table.parameters(a, b) * self.bytes_per_param
+            float(
+                self.model_state_bytes(table.parameters(a, b), data_parallel, table.tensor_parallel)
+            )
             + activations * in_flight * self.constants.activation_allocator_factor
             + self.constants.framework_overhead_bytes
         )
 
     def gradient_bytes(self, table: StageTable, a: int, b: int) -> float:
         """Gradient bytes one TP group all-reduces for layers [a, b) (all its ranks together)."""
-        return table.parameters(a, b) * table.tensor_parallel * self.constants.gradient_bytes
+        return table.parameters(a, b) * table.tensor_parallel * self.training.gradient_bytes
 
     def gpu_memory_bytes(self, gpu_type: str) -> float:
         cached = self._memory.get(gpu_type)

@@ -15,7 +15,10 @@ CostModel the search uses. The model, term by term:
   SimulatorConstants.overlap_allreduce is set);
 - optimizer: each stage updates after its own all-reduce, so the iteration ends with the
   slowest stage's all-reduce + update;
-- memory per GPU: model states, in-flight activations under 1F1B, framework overhead;
+- memory per GPU: model states (simulator/memory.py: weights, gradients, master weights,
+  optimizer states and reduce buckets for the context's ZeRO stage and parameter dtype,
+  shared over the plan's data-parallel degree), in-flight activations under 1F1B,
+  framework overhead;
 - USD: every GPU of the plan for the iteration at its pool's price, plus cross-zone bytes
   (activations and gradients between stages, all-reduce ring links) at the zone-pair price.
 """
@@ -62,7 +65,13 @@ def simulate(plan: Plan, context: PlanningContext) -> Predictions:
             memory = max(
                 memory,
                 costs.stage_memory_bytes(
-                    table, a, b, stage=index, num_stages=num_stages, num_micro_batches=num_micro
+                    table,
+                    a,
+                    b,
+                    stage=index,
+                    num_stages=num_stages,
+                    num_micro_batches=num_micro,
+                    data_parallel=plan.data_parallel,
                 ),
             )
             grads = costs.gradient_bytes(table, a, b)

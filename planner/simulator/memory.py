@@ -1,0 +1,196 @@
+"""Model-state memory of one GPU: what the optimizer and the model hold, term by term.
+
+The simulator's peak memory of a stage replica is these model states + the activations
+1F1B keeps in flight + the framework's fixed overhead (costs.CostModel.stage_memory_bytes).
+This module prices the model states for the way the weights are trained
+(`TrainingSetup`): the ZeRO stage, the data-parallel degree and the dtype of the
+parameters. Two setups matter:
+
+- the Sailplan trainer (`TrainingSetup.trainer`): fp32 parameters, so fp32 gradients and
+  fp32 all-reduces; bf16/fp16 only inside torch.autocast (activations); under ZeRO-1/2 the
+  optimizer is DeepSpeed's `DeepSpeedZeroOptimizer` with the bucket sizes
+  sailplan.trainer.zero passes (TrainerConfig.zero_bucket_elements);
+- half-precision parameters with an fp32 master copy in the optimizer (DeepSpeed's and
+  Megatron's bf16/fp16 mode; `TrainingSetup()` with no ZeRO is the layout the Sailor
+  artifact's Megatron-DeepSpeed runs used, 2 + 2 + 12 = 16 bytes per parameter, on which
+  the simulator's memory constants were fitted).
+
+Terms, for P parameters on the rank, D replicas sharing them, w bytes per parameter
+(4 fp32, 2 bf16/fp16), k optimizer bytes per parameter (Adam 8: fp32 momentum and
+variance; torch SGD without momentum 0) and B the reduce bucket in elements:
+
+| term | ZeRO-0 (or D = 1) | ZeRO-1 | ZeRO-2 |
+| --- | --- | --- | --- |
+| weights | wP | wP | wP |
+| master weights (fp32) | 4P if w = 2, else 0 (the parameters are fp32) | 4P/D | 4P/D |
+| optimizer states | kP | kP/D | kP/D |
+| gradients | wP | wP + wP/D | (w + 4)P/D + max(4P/D, w max(B, largest tensor)) |
+| buckets | w min(25 MiB, wP) if D > 1 | 2 wB | wB |
+
+Sources (DeepSpeed 0.19, deepspeed/runtime/zero/stage_1_and_2.py, as the trainer drives it):
+master weights: `single_partition_of_fp32_groups` is a clone of this rank's partition of
+the flat parameters in fp32 even when they are fp32; the ZeRO paper (Rajbhandari et al.
+2020, Sec. 3.1) counts 2 + 2 + 12 bytes per parameter for mixed-precision Adam, the 12
+being master weights, momentum and variance, partitioned 12/D from ZeRO-1 on. ZeRO-1
+gradients: the full gradients stay in `param.grad` until the step (wP); the reduction
+copies this rank's share into `grads_in_partition` (wP/D), and the step flattens it into
+an fp32 partition gradient (4P/D) only after the full gradients are freed, so the first
+dominates. The two reduce buckets (`reduce_bucket_size` elements, DeepSpeed config key
+`zero_optimization.reduce_bucket_size`, default 5e8; the trainer passes 2**24): one the
+gradient hooks set up, one `reduce_gradients(pipeline_parallel=True)` appends. ZeRO-2
+gradients: `grads_in_partition` (this rank's share, wP/D), its fp32 accumulation across
+micro-batches (`all_grad_tensors`, 4P/D; measured with fp32 parameters only), and then the
+larger of two phases: during a backward, the gradients that wait for the bucket to fill
+(at most a bucket, or one tensor larger than it, which DeepSpeed reduces on its own); at
+the accumulation boundary, the flat fp32 copy of the share the step will use
+(`averaged_gradients`, 4P/D). ZeRO-0: the
+trainer's bucketed all-reduce (sailplan.trainer.grads, 25 MiB) flattens one bucket at a
+time. DeepSpeed pads the flat buffer to a multiple of 2D elements (nccl_start_alignment_factor
+2 x D), which is not counted (at most 2D elements).
+
+A gradient that moves into a bucket frees its own storage (DeepSpeed makes `param.grad` a
+view of the bucket), so the ZeRO-1 sum is an upper bound by at most the two buckets; the
+trainer test tests/trainer/test_memory_model.py measures the tensors each rank holds and
+checks both the terms and that bound.
+
+Called by costs.CostModel (the search and simulate()); pure arithmetic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+Precision = Literal["fp32", "bf16", "fp16"]
+ZeroStage = Literal[0, 1, 2]
+Bytes = float | npt.NDArray[np.float64]
+
+FP32_BYTES = 4
+HALF_BYTES = 2
+ADAM_STATE_BYTES = 8  # fp32 exp_avg + exp_avg_sq (torch.optim.Adam)
+SGD_STATE_BYTES = 0  # torch.optim.SGD without momentum keeps no state
+# sailplan.trainer.grads.DEFAULT_BUCKET_BYTES: the ZeRO-0 all-reduce flattens one bucket
+REPLICATED_BUCKET_BYTES = 25 * 2**20
+# sailplan.planner.workerenv.TrainerConfig.zero_bucket_elements' default (the trainer's
+# reduce and all-gather bucket); DeepSpeed's own default is 5e8 elements
+# (zero_optimization.reduce_bucket_size), gigabytes of staging per rank.
+TRAINER_BUCKET_ELEMENTS = 2**24
+
+
+@dataclass(frozen=True)
+class TrainingSetup:
+    """How the weights are trained, as far as memory and gradient traffic are concerned.
+
+    The defaults are half-precision parameters with an fp32 master copy and no ZeRO, no
+    bucket term (it is inside the fitted framework overhead): the layout of the Sailor
+    artifact's runs that SimulatorConstants was fitted on, 16 bytes per parameter for Adam.
+    `TrainingSetup.trainer(...)` is what the Sailplan trainer does.
+    """
+
+    zero_stage: ZeroStage = 0
+    precision: Precision = "bf16"
+    parameter_bytes: int = HALF_BYTES
+    bucket_elements: int = 0
+    replicated_bucket_bytes: float = 0.0
+    boundary_element_bytes: int = HALF_BYTES
+
+    @classmethod
+    def trainer(
+        cls,
+        zero_stage: ZeroStage = 1,
+        precision: Precision = "fp32",
+        bucket_elements: int = TRAINER_BUCKET_ELEMENTS,
+    ) -> TrainingSetup:
+        """The Sailplan trainer: fp32 parameters (autocast computes in `precision`)."""
+        return cls(
+            zero_stage=zero_stage,
+            precision=precision,
+            parameter_bytes=FP32_BYTES,
+            bucket_elements=bucket_elements,
+            replicated_bucket_bytes=REPLICATED_BUCKET_BYTES,
+            # the trainer's pipeline exchange (schedule.PipelineComm) sends fp32 hidden
+            # states: under autocast the residual stream stays fp32
+            boundary_element_bytes=FP32_BYTES,
+        )
+
+    @property
+    def gradient_bytes(self) -> int:
+        """Bytes per gradient element, also what the data-parallel all-reduce moves."""
+        return self.parameter_bytes
+
+    @property
+    def activation_scale(self) -> float:
+        """Activation memory relative to the 16-bit activations profiles.memory assumes."""
+        return FP32_BYTES / HALF_BYTES if self.precision == "fp32" else 1.0
+
+
+@dataclass(frozen=True)
+class ModelStateBytes:
+    """The model-state terms of one rank (bytes); `total` is their sum."""
+
+    weights: Bytes
+    master_weights: Bytes
+    optimizer_states: Bytes
+    gradients: Bytes
+    buckets: Bytes
+
+    @property
+    def total(self) -> Bytes:
+        return (
+            self.weights
+            + self.master_weights
+            + self.optimizer_states
+            + self.gradients
+            + self.buckets
+        )
+
+
+def optimizer_state_bytes(optimizer: str) -> int:
+    return ADAM_STATE_BYTES if optimizer == "adam" else SGD_STATE_BYTES
+
+
+def model_state_bytes(
+    parameters: Bytes,
+    data_parallel: int,
+    setup: TrainingSetup,
+    optimizer: str = "adam",
+    largest_tensor: float = 0.0,
+) -> ModelStateBytes:
+    """Model-state bytes of one rank holding `parameters` shared by `data_parallel` replicas.
+
+    `largest_tensor`: elements of the rank's largest parameter (ZeRO-2 reduces a tensor
+    larger than the bucket on its own, so that many gradient elements may wait at once).
+    Works on numpy arrays of parameter counts too (the search's stage matrices).
+    """
+    p, d, w = parameters, max(1, data_parallel), setup.parameter_bytes
+    k = optimizer_state_bytes(optimizer)
+    if setup.zero_stage == 0 or d == 1:
+        # sailplan.trainer.optimizer.ReplicatedOptimizer: torch's optimizer on the parameters
+        master = FP32_BYTES * p if w < FP32_BYTES else 0.0
+        bucket = np.minimum(setup.replicated_bucket_bytes, w * p) if d > 1 else 0.0
+        return ModelStateBytes(
+            weights=w * p,
+            master_weights=master,
+            optimizer_states=k * p,
+            gradients=w * p,
+            buckets=bucket,
+        )
+    bucket_bytes = w * setup.bucket_elements
+    if setup.zero_stage == 1:
+        gradients = w * p + w * p / d
+        buckets = 2 * bucket_bytes
+    else:
+        waiting = w * max(setup.bucket_elements, largest_tensor)
+        share = FP32_BYTES * p / d
+        gradients = (w + FP32_BYTES) * p / d + np.maximum(share, np.minimum(waiting, w * p))
+        buckets = bucket_bytes
+    return ModelStateBytes(
+        weights=w * p,
+        master_weights=FP32_BYTES * p / d,
+        optimizer_states=k * p / d,
+        gradients=gradients,
+        buckets=buckets,
+    )
