@@ -46,11 +46,11 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter
 
 from sailplan.trainer.model import (
-    TIED_KEY,
     StageModel,
     local_shard,
     logical_shape,
     param_splits,
+    shared_weight,
 )
 from sailplan.trainer.optimizer import StageOptimizer
 from sailplan.trainer.tp import Split, TPGroup, shard_range
@@ -163,14 +163,18 @@ def _fsspec_class(name: str) -> Any:
 def _param_keys(
     model: StageModel, *, with_tied_copy: bool = False
 ) -> Iterator[tuple[str, torch.nn.Parameter, Split | None]]:
-    """(logical key, local parameter, split) for the stage's layers; a tied head's copy of
-    layer 0's embedding is read back on restore (`with_tied_copy`) but never written."""
+    """(logical key, local parameter, split) for the stage's layers; its copies of shared
+    modules owned by another stage's layer (a tied head's token matrix, T5's position
+    bias tables) are read back on restore (`with_tied_copy`) but never written."""
     for index, layer in model.named_layers():
         splits = param_splits(layer)
         for name, param in layer.named_parameters():
             yield f"layers.{index}.{name}", param, splits[name]
-    if with_tied_copy and model.tied_copy is not None:
-        yield f"layers.0.{TIED_KEY}", model.tied_copy.weight, model.tied_copy.splits["weight"]
+    if with_tied_copy:
+        for shared, copy in model.copies.items():
+            owner, key = model.shared_key(shared)
+            weight, split = shared_weight(copy)
+            yield f"layers.{owner}.{key}", weight, split
 
 
 def _host_buffer(buffers: dict[str, torch.Tensor], key: str, like: torch.Tensor) -> torch.Tensor:

@@ -16,20 +16,30 @@ ranges in a seeded order (sailplan.trainer.tokenfile). StepBatches reads one ste
 of one replica at once, on a prefetch thread (sailplan.trainer.prefetch); the engine's
 micro-batch function slices it for the pipeline schedule (first stage: inputs; last stage:
 targets; middle stages read nothing).
+
+Per model (make_samples, batch_fields): a decoder's sample is `sequence_length + 1` tokens
+(inputs, and the same shifted by one as targets). A T5 sample is one window of
+`sequence_length + target_length + 1` tokens: the encoder reads the first
+`sequence_length`, the decoder continues the window (its inputs, and the same shifted by one
+as targets), so the synthetic stream's progressions give the decoder something to learn
+from the encoder; the stage of T5's first decoder block reads the decoder's inputs. A
+convnet's sample is a synthetic labelled image (SyntheticImages), one float32 row: the label,
+then the pixels.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
 import torch
 
+from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.plan import Plan
 from sailplan.planner.workerenv import DataConfig
 from sailplan.trainer.prefetch import Prefetcher
-from sailplan.trainer.tokenfile import FsspecTokens
+from sailplan.trainer.tokenfile import DataError, FsspecTokens
 
 _STRIDES = 7
 _NOISE = 0.05
@@ -64,6 +74,71 @@ def make_source(config: DataConfig, vocab_size: int, sequence_length: int) -> To
     if config.kind == "token-file":
         return FsspecTokens(config.path, vocab_size, sequence_length, config.seed)
     return SyntheticTokens(vocab_size, sequence_length, config.seed)
+
+
+class SyntheticImages:
+    """Labelled images, a pure function of (seed, index): each class has a fixed random
+    pattern (from the seed and the label), a sample is its class's pattern plus as much
+    Gaussian noise, and its label is drawn from the sample's own generator."""
+
+    def __init__(self, spec: ModelSpec, seed: int) -> None:
+        self.classes = spec.num_classes
+        self.shape = (spec.image_channels, spec.image_size, spec.image_size)
+        self.seed = seed
+
+    def _pattern(self, label: int) -> np.ndarray:
+        # a stream no sample index reaches (indices are below 2**62)
+        rng = np.random.Generator(np.random.PCG64([self.seed, 2**62, label]))
+        return rng.standard_normal(self.shape, dtype=np.float32)
+
+    def sample(self, index: int) -> np.ndarray:
+        rng = np.random.Generator(np.random.PCG64([self.seed, index]))
+        label = int(rng.integers(self.classes))
+        image = self._pattern(label) + rng.standard_normal(self.shape, dtype=np.float32)
+        return np.concatenate([np.array([label], dtype=np.float32), image.ravel()])
+
+    def read(self, indices: Sequence[int]) -> np.ndarray:
+        return np.stack([self.sample(i) for i in indices])
+
+
+def make_samples(config: DataConfig, spec: ModelSpec) -> TokenSource:
+    """The sample source of a model (the module docstring says what a sample is)."""
+    if spec.architecture == "convnet":
+        if config.kind == "token-file":
+            raise DataError(
+                f"{spec.name} is a convnet: it trains on synthetic images, not a token file"
+            )
+        return SyntheticImages(spec, config.seed)
+    length = spec.sequence_length
+    if spec.architecture == "encoder-decoder":
+        length += spec.target_length
+    return make_source(config, spec.vocab_size, length)
+
+
+Fields = Callable[[torch.Tensor], dict[str, torch.Tensor]]
+
+
+def batch_fields(spec: ModelSpec) -> Fields:
+    """Rows of samples -> the named tensors the model's layers read."""
+    if spec.architecture == "convnet":
+        shape = (spec.image_channels, spec.image_size, spec.image_size)
+        return lambda rows: {
+            "inputs": rows[:, 1:].reshape(rows.shape[0], *shape).contiguous(),
+            "targets": rows[:, 0].long(),
+        }
+    if spec.architecture == "encoder-decoder":
+        s = spec.sequence_length
+        return lambda rows: {
+            "inputs": rows[:, :s].contiguous(),
+            "decoder_inputs": rows[:, s:-1].contiguous(),
+            "targets": rows[:, s + 1 :].contiguous(),
+        }
+    return _token_fields
+
+
+def _token_fields(rows: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A decoder's sample: inputs, and the same shifted by one as targets."""
+    return {"inputs": rows[:, :-1].contiguous(), "targets": rows[:, 1:].contiguous()}
 
 
 def micro_batch(
@@ -107,13 +182,14 @@ class StepBatches:
         return self.source.read(replica_samples(self.plan, step, self.replica))
 
     def step(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The step's micro-batches as (inputs, targets), [micro_batch_size, seq] int64."""
+        """A decoder's micro-batches as (inputs, targets), [micro_batch_size, seq] int64."""
+        return [(m["inputs"], m["targets"]) for m in self.micro_batches(step, _token_fields)]
+
+    def micro_batches(self, step: int, fields: Fields) -> list[dict[str, torch.Tensor]]:
+        """The step's micro-batches as the named tensors `fields` makes of their rows."""
         rows = torch.from_numpy(self.prefetch.get(step))
         size = self.plan.micro_batch_size
-        return [
-            (rows[m : m + size, :-1].contiguous(), rows[m : m + size, 1:].contiguous())
-            for m in range(0, rows.shape[0], size)
-        ]
+        return [fields(rows[m : m + size]) for m in range(0, rows.shape[0], size)]
 
     def close(self) -> None:
         self.prefetch.close()

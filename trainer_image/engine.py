@@ -33,8 +33,15 @@ from sailplan.trainer.checkpoint import (
     restore_state,
 )
 from sailplan.trainer.layout import RankLayout, dp_groups, rank_layout, tp_groups
-from sailplan.trainer.model import StageModel, local_shard, logical_shape
+from sailplan.trainer.model import (
+    StageModel,
+    local_shard,
+    logical_shape,
+    shared_users,
+    shared_weight,
+)
 from sailplan.trainer.optimizer import make_optimizer
+from sailplan.trainer.precision import MixedPrecision, effective_precision
 from sailplan.trainer.progress import Reporter
 from sailplan.trainer.schedule import MicroBatchFn, PipelineComm, run_1f1b
 from sailplan.trainer.stopping import StopSignal
@@ -50,7 +57,9 @@ class Groups:
     dp_size: int
     checkpoint: Any
     control: Any
-    tie: Any  # first-stage and last-stage TP rank 0 of this pipeline (tied embeddings)
+    # per shared parameter (model.shared_users): TP rank 0 of each stage of this pipeline
+    # that uses it, when more than one does
+    ties: dict[str, Any]
 
 
 def build_groups(plan: Plan, layout: RankLayout) -> Groups:
@@ -68,18 +77,21 @@ def build_groups(plan: Plan, layout: RankLayout) -> Groups:
                 dp_handle = group
     # The background checkpoint writer runs its collectives on its own gloo group so they
     # never interleave with the training collectives of the main thread.
-    tie_handle = None
-    if plan.model.tied_embeddings and plan.pipeline_depth > 1:
-        workers = plan.workers()
+    ties: dict[str, Any] = {}
+    workers = plan.workers()
+    for name, users in sorted(shared_users(plan.model).items()):
+        stages = {
+            i
+            for i, s in enumerate(plan.stages)
+            if set(users) & set(range(s.layer_start, s.layer_end))
+        }
+        if len(stages) < 2:
+            continue
         for replica in range(plan.data_parallel):
-            ends = [
-                w.first_rank
-                for w in workers
-                if w.replica == replica and w.stage in (0, plan.pipeline_depth - 1)
-            ]
+            ends = [w.first_rank for w in workers if w.replica == replica and w.stage in stages]
             group = dist.new_group(ends)
             if layout.rank in ends:
-                tie_handle = group
+                ties[name] = group
     # The per-step stop/loss all-reduce has a gloo group of its own too (host tensors, and
     # it runs while a background save may be using the checkpoint group).
     world = list(range(plan.world_size))
@@ -92,7 +104,7 @@ def build_groups(plan: Plan, layout: RankLayout) -> Groups:
         dp_size=len(layout.dp_ranks),
         checkpoint=checkpoint,
         control=control,
-        tie=tie_handle,
+        ties=ties,
     )
 
 
@@ -132,21 +144,27 @@ class Trainer:
             tp_group=self.groups.tp_handle,
             num_micro_batches=plan.num_micro_batches,
         )
-        # Only the pipeline ends read data; opening here fails fast on a bad URL.
-        self.reads_data = self.layout.is_first_stage or self.layout.is_last_stage
+        # Only the stages whose layers read the micro-batch (the pipeline ends, T5's first
+        # decoder block) read data; opening here fails fast on a bad URL.
+        self.reads_data = self.model.reads_data
         self.source: data_mod.TokenSource | None = None
         if self.reads_data:
             try:
-                self.source = data_mod.make_source(
-                    config.data, plan.model.vocab_size, plan.model.sequence_length
-                )
+                self.source = data_mod.make_samples(config.data, plan.model)
             except DataError as error:
                 raise SystemExit(f"sailplan-train: rank {rank}: {error}") from None
+        self.fields = data_mod.batch_fields(plan.model)
         self.batches: data_mod.StepBatches | None = None
+        mbs, layers = plan.micro_batch_size, plan.model.num_layers
         self.comm = PipelineComm(
             layout=self.layout,
             tp_group=self.groups.tp_handle,
-            shape=(plan.micro_batch_size, plan.model.sequence_length, plan.model.hidden_size),
+            in_shapes=plan.model.boundary_shapes(mbs, stage.layer_start)
+            if stage.layer_start > 0
+            else (),
+            out_shapes=plan.model.boundary_shapes(mbs, stage.layer_end)
+            if stage.layer_end < layers
+            else (),
             dtype=torch.float32,
             device=device,
         )
@@ -158,11 +176,14 @@ class Trainer:
             keep=config.checkpoints_to_keep,
         )
         self.reporter = Reporter(rank=rank, local_rank=local_rank, generation=generation)
-        self.autocast = (
-            torch.autocast(device_type="cuda", dtype=torch.bfloat16)
-            if config.mixed_precision and device.type == "cuda"
-            else None
+        # fp32 master weights (the parameters) under autocast; fp16 with a loss scale
+        self.precision = MixedPrecision(
+            effective_precision(plan.precision, config.mixed_precision, device),
+            device,
+            self.params,
+            self.model,
         )
+        self.autocast = self.precision.autocast()
 
     # -- checkpoints ---------------------------------------------------------------------
 
@@ -234,21 +255,21 @@ class Trainer:
     # -- the loop --------------------------------------------------------------------------
 
     def _micro_batch(self, step: int) -> MicroBatchFn:
-        micros: list[tuple[torch.Tensor, torch.Tensor]] = []
+        micros: list[dict[str, torch.Tensor]] = []
         if self.batches is not None:
             try:
-                micros = self.batches.step(step)
+                micros = self.batches.micro_batches(step, self.fields)
             except DataError as error:
                 raise SystemExit(f"sailplan-train: rank {self.rank}: {error}") from None
 
-        def fetch(micro: int) -> tuple[torch.Tensor, torch.Tensor]:
-            inputs, targets = micros[micro]
-            return inputs.to(self.device), targets.to(self.device)
+        def fetch(micro: int) -> dict[str, torch.Tensor]:
+            return {key: value.to(self.device) for key, value in micros[micro].items()}
 
         return fetch
 
     def train_step(self, step: int) -> float:
         """One optimizer step; returns this pipeline's loss on the last stage (0.0 elsewhere)."""
+        scale = self.precision.loss_scale
         loss = run_1f1b(
             self.model,
             self.comm,
@@ -257,32 +278,33 @@ class Trainer:
             self.autocast if self.autocast is not None else contextlib.nullcontext(),
             after_backward=self.optimizer.after_backward,
         )
-        self.sync_tied_gradients()
-        self.optimizer.step()
-        return loss
+        self.sync_shared_gradients()
+        if self.precision.step_ok(self.groups.control):
+            self.optimizer.step()
+        else:
+            self.optimizer.skip()
+        return loss / scale
 
-    def sync_tied_gradients(self) -> None:
-        """Sum the gradients of layer 0's token embedding and the last stage's copy.
+    def sync_shared_gradients(self) -> None:
+        """Sum the gradients of every shared parameter over the stages that use it (layer
+        0's token matrix and a tied head's or T5 decoder's copy; T5's position bias tables).
 
-        The two ends may have different TP degrees, so the TP rank 0 of each gathers the full
-        gradient, the two all-reduce it, and each broadcasts it back into its TP group and
-        keeps its shard. Both copies then take the same update and stay equal. (Under ZeRO-2
+        The stages may have different TP degrees, so the TP rank 0 of each gathers the full
+        gradient, they all-reduce it, and each broadcasts it back into its TP group and
+        keeps its shard. All copies then take the same update and stay equal. (Under ZeRO-2
         the gradients are already averaged over the replicas here; the sum is the same.)
         """
-        embedding = self.model.tied_embedding()
-        if embedding is None:
-            return
-        split = embedding.splits["weight"]
-        weight = embedding.weight
-        grad = self.optimizer.gradient(weight)
-        full = gather_full(grad, split, self.groups.tp, self.layout.tp_root)
-        if full is None:
-            full = torch.empty(logical_shape(weight.shape, split), device=weight.device)
-        else:
-            dist.all_reduce(full, group=self.groups.tie)
-        if self.groups.tp.size > 1:
-            dist.broadcast(full, src=self.layout.tp_root, group=self.groups.tp_handle)
-        self.optimizer.set_gradient(weight, local_shard(full, split, self.groups.tp).clone())
+        for name, module in self.model.shared_across_stages():
+            weight, split = shared_weight(module)
+            grad = self.optimizer.gradient(weight)
+            full = gather_full(grad, split, self.groups.tp, self.layout.tp_root)
+            if full is None:
+                full = torch.empty(logical_shape(weight.shape, split), device=weight.device)
+            else:
+                dist.all_reduce(full, group=self.groups.ties[name])
+            if self.groups.tp.size > 1:
+                dist.broadcast(full, src=self.layout.tp_root, group=self.groups.tp_handle)
+            self.optimizer.set_gradient(weight, local_shard(full, split, self.groups.tp).clone())
 
     def run(self) -> str:
         """Train to config.steps or until asked to stop; returns why it ended."""

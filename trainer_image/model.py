@@ -1,10 +1,18 @@
-"""The decoder-only transformer, built layer by layer from a ModelSpec.
+"""The models, built layer by layer from a ModelSpec.
 
 The trainer builds exactly the layers of its stage (`[layer_start, layer_end)` in the
 planner's numbering: 0 = embedding, 1..num_blocks = blocks, last = head), each split over the
 stage's TP group. One code path covers the catalog's decoder families: learned positions or
 rotary, LayerNorm or RMSNorm, GELU MLP or SwiGLU, grouped-query attention, biases except for
-the LLaMA family (the same rule ModelSpec.block_parameters counts with).
+the LLaMA family (the same rule ModelSpec.block_parameters counts with). T5 and wide-ResNet
+layers are in sailplan.trainer.zoo.
+
+A stage passes the next one a tuple of tensors (ModelSpec.boundary_shapes): the hidden
+state, or inside T5's decoder the hidden state and the encoder output. Parameters that
+layers on several stages use (a token matrix shared by the embedding and a tied head or
+T5's decoder, T5's position bias tables: `shared_users`) belong to their first user; any
+other stage that uses one keeps a copy, kept equal by summing the gradients of all copies
+every step (engine.sync_shared_gradients), DeepSpeed's tied layers.
 
 Initialisation is a pure function of (seed, logical layer, parameter name): each rank draws
 the full logical tensor and keeps its shard, so every plan starts from the same model and
@@ -16,6 +24,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -35,10 +44,56 @@ from sailplan.trainer.tp import (
 
 INIT_STD = 0.02
 
+Batch = Mapping[str, torch.Tensor]  # one micro-batch's data: inputs, targets, ...
+State = tuple[torch.Tensor, ...]  # what crosses a stage boundary
+
+
+class StageLayer(nn.Module):
+    """A layer that takes the boundary state and the micro-batch (the zoo's layers); the
+    decoder's layers keep their own signatures (StageModel.forward calls both)."""
+
+    def forward(self, state: State, batch: Batch) -> State | torch.Tensor:
+        raise NotImplementedError
+
 
 def _uses_bias(spec: ModelSpec) -> bool:
-    # Mirrors ModelSpec.block_parameters; tests/trainer/test_trainer_model.py checks the two agree.
-    return spec.family != "llama"
+    # ModelSpec.block_parameters counts with the same rule; tests/trainer/test_trainer_model.py
+    # checks the two agree.
+    return spec.uses_bias
+
+
+# A shared parameter is its owner layer's module at this attribute (the owner is the first
+# user); its logical checkpoint key is `layers.<owner>.<attribute>.weight`.
+SHARED_ATTRIBUTE = {
+    "tokens": "tokens",
+    "encoder_bias": "relative_bias",
+    "decoder_bias": "relative_bias",
+}
+
+
+def shared_users(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """Shared parameter -> the layers that use it, owner first."""
+    last = spec.num_layers - 1
+    if spec.architecture == "encoder-decoder":
+        decoder = spec.first_decoder_layer
+        tokens = (0, decoder, last) if spec.tied_embeddings else (0, decoder)
+        return {
+            "tokens": tokens,
+            "encoder_bias": tuple(range(1, decoder)),
+            "decoder_bias": tuple(range(decoder, last)),
+        }
+    if spec.is_transformer and spec.tied_embeddings:
+        return {"tokens": (0, last)}
+    return {}
+
+
+def data_layers(spec: ModelSpec) -> frozenset[int]:
+    """Layers that read the micro-batch: the first (inputs), the head (targets) and T5's
+    first decoder block (the decoder's input tokens)."""
+    layers = {0, spec.num_layers - 1}
+    if spec.architecture == "encoder-decoder":
+        layers.add(spec.first_decoder_layer)
+    return frozenset(layers)
 
 
 def _norm(spec: ModelSpec) -> nn.Module:
@@ -111,6 +166,7 @@ class MLP(nn.Module):
         h, f = spec.hidden_size, spec.ffn_size
         self.tp = tp
         self.swiglu = spec.mlp == "swiglu"
+        self.relu = spec.mlp == "relu"
         self.up_proj = ColumnParallelLinear(h, f, bias, tp)
         self.gate_proj = ColumnParallelLinear(h, f, bias, tp) if self.swiglu else None
         self.down_proj = RowParallelLinear(f, h, bias, tp)
@@ -119,6 +175,8 @@ class MLP(nn.Module):
         x = copy_to_tp(x, self.tp)
         if self.gate_proj is not None:
             hidden = nn.functional.silu(self.gate_proj(x)) * self.up_proj(x)
+        elif self.relu:
+            hidden = nn.functional.relu(self.up_proj(x))
         else:
             hidden = nn.functional.gelu(self.up_proj(x))
         out: torch.Tensor = self.down_proj(hidden)
@@ -181,9 +239,12 @@ class Head(nn.Module):
         )
         self._tied = [tied] if tied is not None else []
         self.vocab_start = shard_range(spec.vocab_size, tp)[0]
+        # T5 scales the decoder output by d_model^-0.5 before a tied LM head (Mesh
+        # TensorFlow's and Hugging Face's T5ForConditionalGeneration)
+        self.scale = spec.hidden_size**-0.5 if spec.family == "t5" and spec.tied_embeddings else 1.0
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        x = copy_to_tp(self.norm(x), self.tp)
+        x = copy_to_tp(self.norm(x) * self.scale, self.tp)
         if self.projection is not None:
             logits = self.projection(x)
         else:
@@ -192,16 +253,49 @@ class Head(nn.Module):
 
 
 def build_layer(
-    spec: ModelSpec, index: int, tp: TPGroup = SINGLE, tied: VocabParallelEmbedding | None = None
+    spec: ModelSpec,
+    index: int,
+    tp: TPGroup = SINGLE,
+    shared: Mapping[str, nn.Module] | None = None,
 ) -> nn.Module:
+    """Layer `index` on one TP rank; `shared`: the shared modules it uses but does not own."""
+    shared = shared or {}
+    problem = spec.tensor_parallel_problem(tp.size)
+    if problem is not None:
+        raise ValueError(problem)
+    if spec.architecture in ("encoder-decoder", "convnet"):
+        from sailplan.trainer import zoo  # here: zoo imports this module
+
+        return zoo.build_layer(spec, index, tp, shared)
+    if spec.architecture != "decoder":
+        raise ValueError(
+            f"{spec.name}: sailplan-train trains decoders, T5 and convnets, not encoders"
+        )
     kind = spec.layer_kind(index)
     if kind == "embedding":
         return Embedding(spec, tp)
     if kind == "head":
+        tied = shared.get("tokens")
+        assert tied is None or isinstance(tied, VocabParallelEmbedding)
         return Head(spec, tp, tied)
-    if spec.architecture != "decoder":
-        raise ValueError(f"{spec.name}: only decoder-only models are trained by sailplan-train")
     return Block(spec, tp)
+
+
+def shared_weight(module: nn.Module) -> tuple[nn.Parameter, Split]:
+    """A shared module's one parameter (token matrix or position bias table) and its split."""
+    weight = module.weight
+    splits: dict[str, Split] = module.splits  # type: ignore[assignment]
+    assert isinstance(weight, nn.Parameter)
+    return weight, splits["weight"]
+
+
+def build_shared(spec: ModelSpec, name: str, tp: TPGroup) -> nn.Module:
+    """A stage's copy of a shared module it uses but whose owner is on another stage."""
+    if name == "tokens":
+        return VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, tp)
+    from sailplan.trainer import zoo
+
+    return zoo.RelativePositionBias(spec, tp, bidirectional=name == "encoder_bias")
 
 
 def param_splits(module: nn.Module) -> dict[str, Split | None]:
@@ -232,7 +326,7 @@ def local_shard(full: torch.Tensor, split: Split | None, tp: TPGroup) -> torch.T
 def _init_value(name: str, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
     leaf = name.rsplit(".", 1)[-1]
     owner = name.rsplit(".", 1)[0] if "." in name else ""
-    if owner.endswith("norm"):
+    if owner.endswith("norm"):  # layer, RMS and batch norms: the identity
         return torch.ones(shape) if leaf == "weight" else torch.zeros(shape)
     if leaf == "bias":
         return torch.zeros(shape)
@@ -260,16 +354,12 @@ def initialise_layer(layer: nn.Module, index: int, seed: int, tp: TPGroup) -> No
         initialise_parameter(param, index=index, name=name, split=splits[name], seed=seed, tp=tp)
 
 
-TIED_KEY = "tokens.weight"  # layer 0's parameter that a tied head multiplies by
-
-
 class StageModel(nn.Module):
     """The layers `[layer_start, layer_end)` of one pipeline stage, on one TP rank.
 
-    With tied embeddings and the head on a later stage than the embedding, the stage keeps
-    `tied_copy`, a replica of layer 0's token embedding (Megatron's approach): it starts equal
-    and gets the same summed gradient every step (engine.sync_tied_gradients), so it stays
-    equal; checkpoints store layer 0's tensor only.
+    `copies` holds this stage's copies of shared modules whose owner layer is on another
+    stage (see the module docstring): they start equal to the owner's and get the same
+    summed gradient every step, so they stay equal; checkpoints store the owner's only.
     """
 
     def __init__(
@@ -279,20 +369,26 @@ class StageModel(nn.Module):
         self.spec = spec
         self.tp = tp
         self.layer_indices = list(range(layer_start, layer_end))
-        self.tied_copy: VocabParallelEmbedding | None = None
+        self.users = shared_users(spec)
+        self.copies = nn.ModuleDict()
+        available: dict[str, nn.Module] = {}
         layers: list[nn.Module] = []
         for index in self.layer_indices:
-            tied = None
-            if spec.tied_embeddings and index == spec.num_layers - 1:
-                if layer_start == 0:
-                    first = layers[0]
-                    assert isinstance(first, Embedding)
-                    tied = first.tokens
-                else:
-                    self.tied_copy = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, tp)
-                    tied = self.tied_copy
-            layers.append(build_layer(spec, index, tp, tied))
+            refs: dict[str, nn.Module] = {}
+            for name, users in self.users.items():
+                if index not in users or users[0] == index:
+                    continue  # not a user, or the owner (it builds the module)
+                if name not in available:  # the owner is on an earlier stage
+                    self.copies[name] = build_shared(spec, name, tp)
+                    available[name] = self.copies[name]
+                refs[name] = available[name]
+            layer = build_layer(spec, index, tp, refs)
+            for name, users in self.users.items():
+                if users[0] == index:
+                    available[name] = getattr(layer, SHARED_ATTRIBUTE[name])
+            layers.append(layer)
         self.layers = nn.ModuleList(layers)
+        self.reads_data = bool(data_layers(spec) & set(self.layer_indices))
 
     @property
     def has_head(self) -> bool:
@@ -305,34 +401,57 @@ class StageModel(nn.Module):
     def initialise(self, seed: int) -> None:
         for index, layer in zip(self.layer_indices, self.layers, strict=True):
             initialise_layer(layer, index, seed, self.tp)
-        if self.tied_copy is not None:
-            split = self.tied_copy.splits["weight"]
+        for name, copy in self.copies.items():
+            owner, key = self.shared_key(name)
+            weight, split = shared_weight(copy)
             initialise_parameter(
-                self.tied_copy.weight, index=0, name=TIED_KEY, split=split, seed=seed, tp=self.tp
+                weight,
+                index=owner,
+                name=key,
+                split=split,
+                seed=seed,
+                tp=self.tp,
             )
 
-    def tied_embedding(self) -> VocabParallelEmbedding | None:
-        """The token embedding a tied head uses, if this stage takes part in a tie across
-        stages (it holds layer 0 or the copy, and the other end is on another stage)."""
-        if not self.spec.tied_embeddings or (self.has_embedding and self.has_head):
-            return None
-        if self.tied_copy is not None:
-            return self.tied_copy
-        if self.has_embedding:
-            first = self.layers[0]
-            assert isinstance(first, Embedding)
-            return first.tokens
-        return None
+    def shared_key(self, name: str) -> tuple[int, str]:
+        """(owner layer, parameter name inside it) of a shared module's weight."""
+        return self.users[name][0], f"{SHARED_ATTRIBUTE[name]}.weight"
 
-    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        for layer in self.layers:
-            if isinstance(layer, Head):
-                if targets is None:
+    def shared_across_stages(self) -> list[tuple[str, nn.Module]]:
+        """The shared modules this stage uses (owned or copied) that layers of other stages
+        use too, in name order: their gradients are summed across stages every step."""
+        mine = set(self.layer_indices)
+        found: list[tuple[str, nn.Module]] = []
+        for name, users in sorted(self.users.items()):
+            if not mine & set(users) or set(users) <= mine:
+                continue
+            if name in self.copies:
+                found.append((name, self.copies[name]))
+            else:
+                owner = self.layers[self.layer_indices.index(users[0])]
+                found.append((name, getattr(owner, SHARED_ATTRIBUTE[name])))
+        return found
+
+    def forward(self, state: State | None, batch: Batch | None = None) -> State | torch.Tensor:
+        """The stage's layers on what it received (None on the first stage) and the
+        micro-batch (for the layers that read it); the loss on the last stage."""
+        data: Batch = batch or {}
+        current: State = state or ()
+        for index, layer in zip(self.layer_indices, self.layers, strict=True):
+            if isinstance(layer, StageLayer):
+                out = layer(current, data)
+            elif isinstance(layer, Head):
+                if "targets" not in data:
                     raise ValueError("the head needs targets")
-                loss: torch.Tensor = layer(x, targets)
-                return loss
-            x = layer(x)
-        return x
+                out = layer(current[0], data["targets"])
+            elif index == 0:
+                out = (layer(data["inputs"]),)
+            else:
+                out = (layer(current[0]),)
+            if isinstance(out, torch.Tensor):
+                return out  # the loss
+            current = out
+        return current
 
     def named_layers(self) -> list[tuple[int, nn.Module]]:
         return list(zip(self.layer_indices, self.layers, strict=True))

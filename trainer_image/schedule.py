@@ -1,5 +1,10 @@
 """The 1F1B pipeline schedule and the activation exchange between stages.
 
+What crosses a boundary is a tuple of tensors whose shapes ModelSpec.boundary_shapes gives
+for the layer where the cut is (the hidden state; inside T5's decoder also the encoder
+output); the gradients of the same tensors go back. A tensor the receiving stage did not
+use (the encoder output on a stage holding only T5's head) sends back zeros.
+
 Stages may have different TP degrees, so a boundary activation crosses from a TP group of
 size a to one of size b like this: after a stage's last row-parallel all-reduce every rank of
 its TP group holds the same full hidden state, so only TP rank 0 sends it, point-to-point,
@@ -26,60 +31,70 @@ import torch
 import torch.distributed as dist
 
 from sailplan.trainer.layout import RankLayout
-from sailplan.trainer.model import StageModel
+from sailplan.trainer.model import Batch, StageModel
+
+Tensors = tuple[torch.Tensor, ...]
 
 
 @dataclass
 class PipelineComm:
     layout: RankLayout
     tp_group: Any  # dist.ProcessGroup of this rank's TP group
-    shape: tuple[int, ...]
+    in_shapes: tuple[tuple[int, ...], ...]  # what this stage receives (and sends back grads of)
+    out_shapes: tuple[tuple[int, ...], ...]  # what it sends on (and receives grads of)
     dtype: torch.dtype
     device: torch.device
 
     def _exchange(
-        self, send_to: int | None, tensor: torch.Tensor | None, recv_from: int | None
-    ) -> torch.Tensor | None:
+        self,
+        send_to: int | None,
+        tensors: Tensors | None,
+        recv_from: int | None,
+        shapes: tuple[tuple[int, ...], ...],
+    ) -> Tensors | None:
         received = (
-            torch.empty(self.shape, dtype=self.dtype, device=self.device)
+            tuple(torch.empty(shape, dtype=self.dtype, device=self.device) for shape in shapes)
             if recv_from is not None
             else None
         )
         if self.layout.tp_rank == 0:
-            ops = []
-            if send_to is not None and tensor is not None:
-                ops.append(dist.P2POp(dist.isend, tensor.detach().contiguous(), send_to))
+            ops: list[dist.P2POp] = []
+            if send_to is not None and tensors is not None:
+                ops.extend(
+                    dist.P2POp(dist.isend, t.detach().contiguous(), send_to) for t in tensors
+                )
             if recv_from is not None and received is not None:
-                ops.append(dist.P2POp(dist.irecv, received, recv_from))
+                ops.extend(dist.P2POp(dist.irecv, t, recv_from) for t in received)
             if ops:
                 for request in dist.batch_isend_irecv(ops):
                     request.wait()
         if received is not None and self.layout.tp_size > 1:
-            dist.broadcast(received, src=self.layout.tp_root, group=self.tp_group)
+            for t in received:
+                dist.broadcast(t, src=self.layout.tp_root, group=self.tp_group)
         return received
 
-    def recv_forward(self) -> torch.Tensor | None:
-        return self._exchange(None, None, self.layout.prev_stage_rank)
+    def recv_forward(self) -> Tensors | None:
+        return self._exchange(None, None, self.layout.prev_stage_rank, self.in_shapes)
 
-    def send_forward(self, output: torch.Tensor) -> None:
-        self._exchange(self.layout.next_stage_rank, output, None)
+    def send_forward(self, output: Tensors) -> None:
+        self._exchange(self.layout.next_stage_rank, output, None, self.out_shapes)
 
-    def recv_backward(self) -> torch.Tensor | None:
-        return self._exchange(None, None, self.layout.next_stage_rank)
+    def recv_backward(self) -> Tensors | None:
+        return self._exchange(None, None, self.layout.next_stage_rank, self.out_shapes)
 
-    def send_backward(self, grad: torch.Tensor | None) -> None:
-        self._exchange(self.layout.prev_stage_rank, grad, None)
+    def send_backward(self, grad: Tensors | None) -> None:
+        self._exchange(self.layout.prev_stage_rank, grad, None, self.in_shapes)
 
-    def send_forward_recv_backward(self, output: torch.Tensor) -> torch.Tensor | None:
+    def send_forward_recv_backward(self, output: Tensors) -> Tensors | None:
         nxt = self.layout.next_stage_rank
-        return self._exchange(nxt, output, nxt)
+        return self._exchange(nxt, output, nxt, self.out_shapes)
 
-    def send_backward_recv_forward(self, grad: torch.Tensor | None) -> torch.Tensor | None:
+    def send_backward_recv_forward(self, grad: Tensors | None) -> Tensors | None:
         prev = self.layout.prev_stage_rank
-        return self._exchange(prev, grad, prev)
+        return self._exchange(prev, grad, prev, self.in_shapes)
 
 
-MicroBatchFn = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
+MicroBatchFn = Callable[[int], Batch]
 
 
 def run_1f1b(
@@ -99,41 +114,44 @@ def run_1f1b(
     """
     layout = comm.layout
     first, last = layout.is_first_stage, layout.is_last_stage
-    in_flight: deque[tuple[torch.Tensor | None, torch.Tensor]] = deque()
+    in_flight: deque[tuple[Tensors | None, Tensors | torch.Tensor]] = deque()
     total_loss = 0.0
     forwards = backwards = 0
 
-    def forward(received: torch.Tensor | None) -> torch.Tensor:
+    def forward(received: Tensors | None) -> Tensors:
         nonlocal total_loss, forwards
-        inputs, targets = micro_batch(forwards) if first or last else (None, None)
+        batch = micro_batch(forwards) if model.reads_data else None
         forwards += 1
-        if first:
-            assert inputs is not None
-            x: torch.Tensor = inputs
-            stage_input = None
-        else:
+        stage_input = None
+        if not first:
             assert received is not None
-            stage_input = received.requires_grad_()
-            x = stage_input
+            stage_input = tuple(t.requires_grad_() for t in received)
         with autocast if autocast is not None else contextlib.nullcontext():
-            output: torch.Tensor = model(x, targets if last else None)
+            output = model(stage_input, batch)
         if last:
+            assert isinstance(output, torch.Tensor)
             output = output / num_micro_batches
             total_loss += float(output.detach())
+            in_flight.append((stage_input, output))
+            return ()
+        assert isinstance(output, tuple)
         in_flight.append((stage_input, output))
         return output
 
-    def backward(grad_output: torch.Tensor | None) -> torch.Tensor | None:
+    def backward(grad_output: Tensors | None) -> Tensors | None:
         nonlocal backwards
         stage_input, output = in_flight.popleft()
-        if last:
+        if isinstance(output, torch.Tensor):
             output.backward()  # type: ignore[no-untyped-call]
         else:
+            assert grad_output is not None
             torch.autograd.backward(output, grad_output)
         if after_backward is not None:
             after_backward(backwards)
         backwards += 1
-        return stage_input.grad if stage_input is not None else None
+        if stage_input is None:
+            return None
+        return tuple(t.grad if t.grad is not None else torch.zeros_like(t) for t in stage_input)
 
     warmup = min(layout.num_stages - layout.stage - 1, num_micro_batches)
     remaining = num_micro_batches - warmup

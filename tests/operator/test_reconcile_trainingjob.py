@@ -232,6 +232,19 @@ def test_custom_model_with_sequence_override_reaches_the_planner(
     )
 
 
+def test_a_sequence_length_for_a_convnet_is_an_invalid_shape(
+    make_job: Callable[..., TrainingJob], pools: tuple[GPUPool, ...], catalog: Catalog
+) -> None:
+    training = JOB_SPEC["training"] | {"sequenceLength": 128}
+    job = make_job(JOB_SPEC | {"model": {"name": "WideResNet-50-2"}, "training": training})
+    outcome = reconcile(Observed(job=job, pools=pools), refuse, catalog, NOW)
+    condition = find_condition(outcome.status.conditions, "Invalid")
+    assert condition is not None
+    assert condition.message == (
+        "spec.training.sequenceLength: WideResNet-50-2 is a convnet, it has no sequence length"
+    )
+
+
 def _running(
     job: TrainingJob, pools: tuple[GPUPool, ...], planner: RecordingPlanner, catalog: Catalog
 ) -> tuple[TrainingJob, list[dict[str, Any]]]:

@@ -10,11 +10,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trainer_harness import TINY, TINY_LLAMA, TINY_TIED
+from trainer_harness import TINY, TINY_LLAMA, TINY_T5, TINY_TIED, TINY_WRN
 
 from sailplan.planner.catalog import default_catalog
 from sailplan.planner.modelspec import ModelSpec
-from sailplan.trainer.model import StageModel, build_layer, local_shard, param_splits
+from sailplan.trainer.model import (
+    StageModel,
+    build_layer,
+    build_shared,
+    local_shard,
+    param_splits,
+    shared_users,
+)
 from sailplan.trainer.tp import TPGroup, shard_range, vocab_parallel_cross_entropy
 
 OPT_350M = ModelSpec(
@@ -116,3 +123,47 @@ def test_initialisation_is_the_same_logical_model_under_any_tp_degree() -> None:
     assert not torch.equal(
         other_seed.layers[0].attn.q_proj.weight, whole.layers[0].attn.q_proj.weight
     )
+
+
+ZOO = [
+    pytest.param(spec, tp, id=f"{spec.name}-tp{tp}")
+    for spec in (
+        TINY_T5,
+        TINY_WRN,
+        default_catalog().model("T5-Small"),
+        default_catalog().model("WideResNet-50-2"),
+    )
+    for tp in (1, 2)
+    if spec.supports_tensor_parallel(tp)
+]
+
+
+@pytest.mark.parametrize(("spec", "tp"), ZOO)
+def test_zoo_layers_hold_the_modelspec_s_parameters(spec: ModelSpec, tp: int) -> None:
+    # every layer (T5's blocks differ: bias tables, the encoder's final norm, decoder
+    # blocks); shared modules a layer only uses are passed in, not counted
+    with torch.device("meta"):
+        for rank in range(tp):
+            group = TPGroup(rank=rank, size=tp)
+            shared = {name: build_shared(spec, name, group) for name in shared_users(spec)}
+            for index in range(spec.num_layers):
+                users = {n for n, u in shared_users(spec).items() if index in u and u[0] != index}
+                layer = build_layer(spec, index, group, {n: shared[n] for n in users})
+                counted = sum(p.numel() for p in layer.parameters())
+                assert counted == spec.layer_parameters(index, tp), (index, rank)
+
+
+def test_a_t5_stage_copies_the_shared_tables_it_uses_but_does_not_own() -> None:
+    # layers 4-5 of TINY_T5: the second decoder block and the head (tied)
+    stage = StageModel(TINY_T5, 4, 6)
+    assert sorted(stage.copies) == ["decoder_bias", "tokens"]
+    stage.initialise(seed=3)
+    owner = StageModel(TINY_T5, 0, 4)
+    owner.initialise(seed=3)
+    assert sorted(owner.copies) == []
+    assert torch.equal(stage.copies["tokens"].weight, owner.layers[0].tokens.weight)
+    assert torch.equal(stage.copies["decoder_bias"].weight, owner.layers[3].relative_bias.weight)
+    # both stages take part in the sums of the two tables they share; the encoder's table
+    # is used only by stage 0's layers
+    assert [name for name, _ in stage.shared_across_stages()] == ["decoder_bias", "tokens"]
+    assert [name for name, _ in owner.shared_across_stages()] == ["decoder_bias", "tokens"]

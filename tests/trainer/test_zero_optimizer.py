@@ -68,7 +68,8 @@ def _replica(rank: int, port: int, zero_stage: int, out: Path) -> None:
         tokens = torch.randint(
             0, EMBEDDING_HEAVY.vocab_size, (2, 16), generator=torch.Generator().manual_seed(rank)
         )
-        model(tokens, None).square().mean().backward()
+        (hidden,) = model(None, {"inputs": tokens})
+        hidden.square().mean().backward()
         optimizer.after_backward(0)
         optimizer.step()
         report = {

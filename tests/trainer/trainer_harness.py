@@ -196,3 +196,39 @@ def wait_for_step(process: subprocess.Popen[str], step: int, timeout_s: float = 
 
 def sigterm(process: subprocess.Popen[str]) -> None:
     process.send_signal(signal.SIGTERM)
+
+
+# T5 (encoder-decoder): 2 encoder + 2 decoder blocks, tied head, 12 encoder tokens and 8
+# target tokens; the position bias tables and the token matrix are shared across stages
+TINY_T5 = ModelSpec(
+    name="tiny-t5",
+    family="t5",
+    architecture="encoder-decoder",
+    hidden_size=32,
+    num_blocks=4,
+    decoder_blocks=2,
+    num_heads=4,
+    ffn_hidden_size=64,
+    vocab_size=64,
+    sequence_length=12,
+    decoder_sequence_length=8,
+    position_embedding="relative",
+    relative_attention_buckets=8,
+    mlp="relu",
+    norm="rmsnorm",
+    tied_embeddings=True,
+)
+
+# Wide-ResNet with narrow stages (stem 4 channels, widths 8..64) on 64x64 images of 4
+# classes: the last stage still sees 2x2 pixels, so its batch norms (micro-batch
+# statistics) average over more than a handful of values and stay well conditioned
+TINY_WRN = ModelSpec(
+    name="tiny-wrn",
+    family="wide-resnet",
+    architecture="convnet",
+    stage_blocks=(2, 1, 1, 1),
+    width_factor=2,
+    stem_channels=4,
+    image_size=64,
+    num_classes=4,
+)

@@ -177,6 +177,13 @@ def profile_grid(
     iterations: int = 3,
     measure: Measure = measure_locally,
 ) -> list[ComputeProfile]:
+    if spec.architecture != "decoder":
+        # it times a few blocks and extrapolates them to all: T5's blocks are of two kinds
+        # and a convnet's change shape stage by stage, so those are planned on estimates
+        raise ValueError(
+            f"{spec.name}: the compute profiler measures decoder-only models; "
+            f"{spec.architecture} models are planned on estimated profiles"
+        )
     profiles = []
     for tp in tensor_parallel:
         if not spec.supports_tensor_parallel(tp):
