@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
-from trainer_harness import TINY_T5, TINY_WRN, make_plan, run_plan
+from trainer_harness import TINY_T5, TINY_WRN, plan_losses
 
 from sailplan.planner.modelspec import ModelSpec
-from sailplan.planner.workerenv import TrainerConfig
 from sailplan.trainer.model import build_layer
 from sailplan.trainer.tp import TPGroup
 
@@ -40,19 +39,8 @@ def _losses(
     tmp: Path,
     zero_stage: Literal[0, 1, 2] = 1,
 ) -> list[float]:
-    plan = make_plan(
-        spec, splits, data_parallel=dp, micro_batch_size=MICRO[spec.name], global_batch_size=8
-    )
-    config = TrainerConfig(
-        steps=STEPS,
-        learning_rate=1e-3,
-        checkpoint_dir=str(tmp / "ckpt"),
-        checkpoint_interval_steps=100,
-        zero_stage=zero_stage,
-    )
-    losses = run_plan(plan, config, tmp).losses
-    assert sorted(losses) == list(range(1, STEPS + 1))
-    return [losses[s] for s in range(1, STEPS + 1)]
+    mbs = MICRO[spec.name]
+    return plan_losses(spec, splits, dp=dp, mbs=mbs, tmp=tmp, steps=STEPS, zero_stage=zero_stage)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from sailplan.planner import workerenv as env
 from sailplan.planner.modelspec import ModelSpec
@@ -175,6 +175,31 @@ def run_plan(
         errors = [p.read_text() for p in sorted(workdir.glob(f"worker-{generation}-*.err"))]
         raise AssertionError(f"workers failed {run.returncodes}:\n" + "\n".join(errors))
     return run
+
+
+def plan_losses(
+    spec: ModelSpec,
+    splits: list[tuple[int, int, int]],
+    *,
+    dp: int,
+    mbs: int,
+    tmp: Path,
+    steps: int,
+    zero_stage: Literal[0, 1, 2] = 1,
+) -> list[float]:
+    """Per-step losses of `steps` steps (global batch 8, Adam at 1e-3) under the plan of
+    `splits` with `dp` replicas: what the loss-equivalence tests compare."""
+    plan = make_plan(spec, splits, data_parallel=dp, micro_batch_size=mbs, global_batch_size=8)
+    config = TrainerConfig(
+        steps=steps,
+        learning_rate=1e-3,
+        checkpoint_dir=str(tmp / "ckpt"),
+        checkpoint_interval_steps=100,
+        zero_stage=zero_stage,
+    )
+    losses = run_plan(plan, config, tmp).losses
+    assert sorted(losses) == list(range(1, steps + 1))
+    return [losses[s] for s in range(1, steps + 1)]
 
 
 def wait_for_step(process: subprocess.Popen[str], step: int, timeout_s: float = 120) -> list[str]:
