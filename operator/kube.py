@@ -19,7 +19,7 @@ from sailplan.operator.api.common import GROUP, VERSION
 from sailplan.operator.api.gpupool import PLURAL as POOLS
 from sailplan.operator.api.trainingjob import PLURAL as JOBS
 from sailplan.operator.profiling.jobs import ROLE_PROFILER
-from sailplan.operator.reconcile import naming
+from sailplan.operator.reconcile import naming, provisioning
 
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -53,6 +53,59 @@ class Kube:
         body = self._json(
             self.custom.list_cluster_custom_object(GROUP, VERSION, POOLS, _preload_content=False)
         )
+        items: list[dict[str, Any]] = body.get("items", [])
+        return items
+
+    # -- ProvisioningRequests (autoscaling.x-k8s.io; the CRD may not be installed) ---------
+    def create_provisioning_request(self, obj: dict[str, Any]) -> bool:
+        """Create it; False if it already existed."""
+        try:
+            self.custom.create_namespaced_custom_object(
+                provisioning.GROUP,
+                provisioning.VERSION,
+                obj["metadata"]["namespace"],
+                provisioning.PLURAL,
+                obj,
+            )
+        except ApiException as error:
+            if error.status == 409:
+                return False
+            raise
+        return True
+
+    def get_provisioning_request(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._json(
+                self.custom.get_namespaced_custom_object(
+                    provisioning.GROUP,
+                    provisioning.VERSION,
+                    namespace,
+                    provisioning.PLURAL,
+                    name,
+                    _preload_content=False,
+                )
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def list_provisioning_requests(self, label_selector: str) -> list[dict[str, Any]]:
+        """The operator's requests in every namespace; none where the CRD is not installed."""
+        try:
+            body = self._json(
+                self.custom.list_cluster_custom_object(
+                    provisioning.GROUP,
+                    provisioning.VERSION,
+                    provisioning.PLURAL,
+                    label_selector=label_selector,
+                    _preload_content=False,
+                )
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return []
+            raise
         items: list[dict[str, Any]] = body.get("items", [])
         return items
 
@@ -147,13 +200,15 @@ class Kube:
 
     # -- writes ---------------------------------------------------------------------------
     def create(self, obj: dict[str, Any]) -> bool:
-        """Create a namespaced ConfigMap, Service, Pod or Job; False if it already existed."""
+        """Create a namespaced ConfigMap, Service, Pod, Job or PodTemplate; False if it
+        already existed."""
         namespace = obj["metadata"]["namespace"]
         creators: dict[str, Callable[..., Any]] = {
             "ConfigMap": self.core.create_namespaced_config_map,
             "Service": self.core.create_namespaced_service,
             "Pod": self.core.create_namespaced_pod,
             "Job": self.batch.create_namespaced_job,
+            "PodTemplate": self.core.create_namespaced_pod_template,
         }
         try:
             creators[obj["kind"]](namespace, obj)

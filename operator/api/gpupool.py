@@ -87,6 +87,28 @@ AUTOSCALING_RULES: Final[list[JsonValue]] = [
 MACHINE_TYPES: Final[list[JsonValue]] = [*sorted(MACHINE_SHAPES)]
 
 
+class ProvisioningRequestOptions(KubeModel):
+    """Ask for a plan's nodes of this pool atomically with a ProvisioningRequest
+    (autoscaling.x-k8s.io/v1, the API of GKE's queued provisioning / Dynamic Workload
+    Scheduler and of the cluster autoscaler's atomic scale-up): worker pods are created only
+    once the request is Provisioned, so a job never holds part of its nodes while waiting
+    for the rest."""
+
+    class_name: str = Field(
+        default="queued-provisioning.gke.io",
+        min_length=1,
+        max_length=253,
+        description="provisioningClassName: queued-provisioning.gke.io (GKE DWS), "
+        "best-effort-atomic-scale-up.autoscaling.x-k8s.io or "
+        "check-capacity.autoscaling.x-k8s.io (cluster autoscaler)",
+    )
+    parameters: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="spec.parameters of the request (e.g. maxRunDurationSeconds on GKE)",
+    )
+
+
 class Autoscaling(KubeModel):
     """What the pool can become: a GKE node pool's autoscaling limits and node shape.
 
@@ -123,6 +145,11 @@ class Autoscaling(KubeModel):
         ge=0,
         le=86400,
         description="expected seconds from a pending pod to a Ready node of this pool",
+    )
+    provisioning_request: ProvisioningRequestOptions | None = Field(
+        default=None,
+        description="request the plan's nodes atomically through a ProvisioningRequest "
+        "before creating its pods; unset = pending pods alone make the autoscaler add nodes",
     )
     provisioning_timeout_seconds: int = Field(
         default=900,

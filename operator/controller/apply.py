@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -25,13 +25,16 @@ from kubernetes.client.exceptions import ApiException
 
 from sailplan.operator import metrics
 from sailplan.operator.api import trainingjob as job_api
-from sailplan.operator.api.common import GROUP, VERSION
+from sailplan.operator.api.common import GROUP, VERSION, Condition, set_condition
+from sailplan.operator.api.gpupool import ProvisioningRequestOptions
 from sailplan.operator.controller.blocking import run_blocking
 from sailplan.operator.kube import Kube
 from sailplan.operator.profiling import results
 from sailplan.operator.profiling.jobs import REPORT_CONTAINER
 from sailplan.operator.profiling.status import RESULT_ERROR_ANNOTATION
 from sailplan.operator.profiling.step import Collect
+from sailplan.operator.reconcile import provisioning
+from sailplan.operator.reconcile.provisioning import capacity_requests, consuming, request_state
 from sailplan.operator.reconcile.summary import KubeEvent
 from sailplan.operator.reconcile.trainingjob import Outcome, merge_patch, pods_refused
 
@@ -41,6 +44,8 @@ log = logging.getLogger("sailplan.operator")
 # (invalid, forbidden by admission or quota): reported on the job, retried after a while.
 REFUSED: Final = frozenset({400, 403, 422})
 REFUSED_RETRY_SECONDS: Final = 60.0
+# How often a job whose workers wait for a ProvisioningRequest looks at it again.
+CAPACITY_POLL_SECONDS: Final = 10.0
 # Pods are created in parallel batches of this size (an API server handles it easily; one
 # by one a 64-worker job would take a few seconds longer to start).
 CREATE_BATCH = 16
@@ -92,8 +97,12 @@ async def apply_outcome(
     raw_status: dict[str, Any],
     outcome: Outcome,
     requeue_after: Callable[[float], None],
+    provisioning: Mapping[str, ProvisioningRequestOptions] | None = None,
 ) -> None:
-    """Write `outcome`; `requeue_after(seconds)` when the reconcile asks to be called back."""
+    """Write `outcome`; `requeue_after(seconds)` when the reconcile asks to be called back.
+
+    `provisioning`: the GPUPools whose capacity comes through a ProvisioningRequest; their
+    workers are created only once it is Provisioned (the next pass tries again)."""
     namespace = job.namespace
     if not outcome.managed:
         return  # spec.managedBy names another controller: its status is not ours to write
@@ -109,6 +118,25 @@ async def apply_outcome(
     others = [o for o in outcome.create if o["kind"] != "Pod"]
     for obj in others:  # the plan ConfigMap and the Service before any pod
         await run_blocking(kube.create, obj)
+    if provisioning and pods:
+        pods, gate = await _gate_on_capacity(kube, pods, provisioning)
+        if gate is not None:
+            outcome = replace(outcome, events=(*outcome.events, *gate.events))
+        if gate is not None and gate.condition is not None:
+            condition = gate.condition.model_copy(
+                update={"observed_generation": outcome.status.observed_generation}
+            )
+            now = datetime.now(UTC).replace(microsecond=0)
+            outcome = replace(
+                outcome,
+                status=outcome.status.model_copy(
+                    update={"conditions": set_condition(outcome.status.conditions, condition, now)}
+                ),
+                # A request's status changes without an event the operator watches: poll.
+                requeue_after=min(
+                    outcome.requeue_after or CAPACITY_POLL_SECONDS, CAPACITY_POLL_SECONDS
+                ),
+            )
     refused: list[str] = []
     for start in range(0, len(pods), CREATE_BATCH):
         batch = pods[start : start + CREATE_BATCH]
@@ -160,6 +188,78 @@ async def apply_outcome(
     if outcome.requeue_after is not None:
         requeue_after(outcome.requeue_after)
     metrics.RECONCILES.labels(kind=job_api.KIND, result="ok").inc()
+
+
+@dataclass(frozen=True)
+class _CapacityGate:
+    """Why some workers were withheld: the Running condition to show, Events to post."""
+
+    condition: Condition | None
+    events: tuple[KubeEvent, ...]
+
+
+async def _gate_on_capacity(
+    kube: Kube,
+    pods: list[dict[str, Any]],
+    options: Mapping[str, ProvisioningRequestOptions],
+) -> tuple[list[dict[str, Any]], _CapacityGate | None]:
+    """Create each pool's ProvisioningRequest (and its PodTemplates) for `pods`; the pods
+    that may be created now (those of Provisioned requests annotated to consume them, and
+    every pod of a pool without one), and why the others wait."""
+    requests = capacity_requests(pods, options)
+    if not requests:
+        return pods, None
+    by_pod = {name: request for request in requests for name in request.pods}
+    provisioned: set[str] = set()
+    waiting: list[str] = []
+    failed: list[str] = []
+    events: list[KubeEvent] = []
+    for request in requests:
+        for template in request.pod_templates:
+            await run_blocking(kube.create, template)
+        if await run_blocking(kube.create_provisioning_request, request.request):
+            events.append(
+                KubeEvent(
+                    "Normal",
+                    provisioning.REASON_CAPACITY_REQUESTED,
+                    f"ProvisioningRequest {request.name} for {len(request.pods)} workers in "
+                    f"{request.gpupool}/{request.zone}",
+                )
+            )
+        namespace = request.request["metadata"]["namespace"]
+        body = await run_blocking(kube.get_provisioning_request, namespace, request.name)
+        state, message = request_state(body)
+        where = f"{request.name} ({request.gpupool}/{request.zone})"
+        if state == "Provisioned":
+            provisioned.add(request.name)
+        elif state == "Failed":
+            failed.append(f"{where}: {message}")
+        else:
+            waiting.append(f"{where}: {message}")
+    allowed = [
+        consuming(pod, by_pod[pod["metadata"]["name"]])
+        if pod["metadata"]["name"] in by_pod
+        else pod
+        for pod in pods
+        if pod["metadata"]["name"] not in by_pod
+        or by_pod[pod["metadata"]["name"]].name in provisioned
+    ]
+    if not waiting and not failed:
+        return allowed, _CapacityGate(None, tuple(events)) if events else None
+    reason = (
+        provisioning.REASON_CAPACITY_REQUEST_FAILED
+        if failed
+        else provisioning.REASON_WAITING_FOR_CAPACITY
+    )
+    return allowed, _CapacityGate(
+        Condition(
+            type=job_api.COND_RUNNING,
+            status="False",
+            reason=reason,
+            message="workers wait for their ProvisioningRequest: " + "; ".join(failed + waiting),
+        ),
+        tuple(events),
+    )
 
 
 def _api_message(error: ApiException) -> str:

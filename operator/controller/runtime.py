@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from sailplan.operator import metrics
 from sailplan.operator.api import gpupool as pool_api
 from sailplan.operator.api import trainingjob as job_api
+from sailplan.operator.api.gpupool import GPUPool
 from sailplan.operator.controller.apply import JobRef, apply_outcome, collect_results
 from sailplan.operator.controller.blocking import run_blocking
 from sailplan.operator.controller.config import OperatorConfig
@@ -41,7 +42,13 @@ from sailplan.operator.kube import Kube
 from sailplan.operator.planning import PlanningService
 from sailplan.operator.profilestore import ProfileStore
 from sailplan.operator.reconcile.gpupool import pool_status
+from sailplan.operator.reconcile.naming import LABEL_ROLE
 from sailplan.operator.reconcile.nodes import NodeInfo, pod_gpu_reservation
+from sailplan.operator.reconcile.provisioning import (
+    ROLE_CAPACITY,
+    request_reservations,
+    waiting_requests,
+)
 from sailplan.operator.reconcile.scaleup import next_change
 from sailplan.operator.reconcile.snapshot import with_reservations
 from sailplan.operator.reconcile.trainingjob import (
@@ -53,6 +60,17 @@ from sailplan.operator.reconcile.trainingjob import (
 )
 
 log = logging.getLogger("sailplan.operator")
+
+
+# The operator's ProvisioningRequests (reconcile.provisioning), in every namespace.
+CAPACITY_REQUEST_SELECTOR = f"{LABEL_ROLE}={ROLE_CAPACITY}"
+
+
+def _parsed_or_none(body: Any) -> GPUPool | None:
+    try:
+        return parse_pool(body)
+    except ValidationError:
+        return None
 
 
 def _now() -> datetime:
@@ -113,6 +131,20 @@ class Runtime:
             elif store:
                 _, pool_name, zone = key
                 waiting.setdefault(pool_name, {})[zone] = datetime.fromtimestamp(min(store), tz=UTC)
+        # A request that waits (or failed) keeps its zone waiting like an unbound worker.
+        requests = await run_blocking(
+            self.kube.list_provisioning_requests, CAPACITY_REQUEST_SELECTOR
+        )
+        timeouts = {
+            name: pool.spec.autoscaling.provisioning_timeout_seconds
+            for name, store in pools_index.items()
+            for body in store
+            if (pool := _parsed_or_none(body)) is not None and pool.spec.autoscaling is not None
+        }
+        for pool_name, zones in waiting_requests(requests, timeouts).items():
+            for zone, since in zones.items():
+                known = waiting.setdefault(pool_name, {}).get(zone)
+                waiting[pool_name][zone] = min(since, known) if known else since
         now = _now()
         changed = False
         wake_at: list[datetime] = []
@@ -253,6 +285,11 @@ class Runtime:
             observed = await observe(self.kube, parsed.job, measured, nodes)
             unbound = await run_blocking(self.kube.list_unbound_workers)
             reservations = [r for r in map(pod_gpu_reservation, unbound) if r is not None]
+            # Workers withheld until their ProvisioningRequest is Provisioned reserve too.
+            requests = await run_blocking(
+                self.kube.list_provisioning_requests, CAPACITY_REQUEST_SELECTOR
+            )
+            reservations += request_reservations(requests)
             observed = dataclasses.replace(
                 observed, pools=with_reservations(observed.pools, reservations)
             )
@@ -270,6 +307,12 @@ class Runtime:
                 raw_status=parsed.raw_status,
                 outcome=outcome,
                 requeue_after=self._requeue_later(key),
+                provisioning={
+                    pool.name: pool.spec.autoscaling.provisioning_request
+                    for pool in observed.pools
+                    if pool.spec.autoscaling is not None
+                    and pool.spec.autoscaling.provisioning_request is not None
+                },
             )
         if outcome.collect and await collect_results(
             self.kube, ref, outcome.collect, self.config.profile_namespace

@@ -252,3 +252,118 @@ def test_a_zone_that_gives_no_node_is_backed_off_and_the_job_moves_to_nodes_that
     )
     job = wait_phase(k8s_api, namespace, "moves", {"Running"}, 60)
     assert job["status"]["plan"]["generation"] >= 2
+
+
+@pytest.fixture(scope="session")
+def provisioning_request_crd(k8s_api: Any) -> None:
+    """The real ProvisioningRequest CRD (autoscaling.x-k8s.io, from the cluster autoscaler's
+    API module), installed and Established."""
+    import yaml
+
+    from sailplan_dev.localcluster import build
+
+    crd = yaml.safe_load(build.provisioning_request_crd().read_text())
+    extensions = client.ApiextensionsV1Api(k8s_api)
+    try:
+        extensions.create_custom_resource_definition(crd)
+    except client.ApiException as error:
+        if error.status != 409:
+            raise
+
+    def established() -> bool:
+        found = extensions.read_custom_resource_definition(crd["metadata"]["name"])
+        return any(
+            c.type == "Established" and c.status == "True" for c in found.status.conditions or ()
+        )
+
+    wait_for("the ProvisioningRequest CRD Established", established, 60)
+
+
+@pytest.mark.usefixtures("provisioning_request_crd")
+def test_workers_wait_for_their_provisioning_request_and_start_once_it_is_provisioned(
+    k8s_api: Any,
+    namespace: str,
+    operator: OperatorProcess,
+    gpupools: Callable[..., str],
+    local_cluster: Any,
+) -> None:
+    node_pool = f"dws-{uuid.uuid4().hex[:6]}"
+    pool = gpupools(
+        node_pool,
+        autoscaling={
+            **autoscaling(2)["autoscaling"],
+            "provisioningRequest": {"parameters": {"maxRunDurationSeconds": "3600"}},
+        },
+    )
+    wait_for(
+        "possible capacity in the pool",
+        lambda: pool_status(k8s_api, pool).get("gpusPossible") == 8,
+        90,
+    )
+    submit(k8s_api, namespace, "dws", pool)
+    custom = client.CustomObjectsApi(k8s_api)
+    selector = "sailplan.dev/job=dws,sailplan.dev/role=capacity"
+
+    def requests() -> list[dict[str, Any]] | None:
+        items: list[dict[str, Any]] = custom.list_namespaced_custom_object(
+            "autoscaling.x-k8s.io", "v1", namespace, "provisioningrequests", label_selector=selector
+        )["items"]
+        return items or None
+
+    (request,) = wait_for("a ProvisioningRequest for the plan's workers", requests, 120)
+    spec = request["spec"]
+    assert spec["provisioningClassName"] == "queued-provisioning.gke.io"
+    assert spec["parameters"] == {"maxRunDurationSeconds": "3600"}
+    workers = sum(s["count"] for s in spec["podSets"])
+    # No worker exists while the request waits; the job says why.
+    assert pods_of(k8s_api, namespace, "dws") == []
+
+    def waiting_reason() -> str | None:
+        conditions = (get_job(k8s_api, namespace, "dws").get("status") or {}).get("conditions", [])
+        running = next((c for c in conditions if c["type"] == "Running"), {})
+        return running.get("reason") if running.get("reason") == "WaitingForCapacity" else None
+
+    wait_for("Running=False with reason WaitingForCapacity", waiting_reason, 60)
+    assert pods_of(k8s_api, namespace, "dws") == []
+
+    try:
+        # The autoscaler's part: the nodes, then the request Provisioned.
+        name = request["metadata"]["name"]
+        gpus = int(request["metadata"]["annotations"]["sailplan.dev/gpus"])
+        local_cluster.add_nodes(
+            [node_manifest(grown_pool(node_pool), ZONE, i) for i in range(-(-gpus // 4))]
+        )
+        now = "2026-01-01T00:00:00Z"
+        custom.patch_namespaced_custom_object_status(
+            "autoscaling.x-k8s.io",
+            "v1",
+            namespace,
+            "provisioningrequests",
+            name,
+            {
+                "status": {
+                    "conditions": [
+                        {
+                            "type": "Provisioned",
+                            "status": "True",
+                            "reason": "Provisioned",
+                            "message": "capacity is booked",
+                            "lastTransitionTime": now,
+                        }
+                    ]
+                }
+            },
+        )
+
+        def running() -> list[Any] | None:
+            current = pods_of(k8s_api, namespace, "dws")
+            ok = len(current) == workers and all(p.status.phase == "Running" for p in current)
+            return current if ok else None
+
+        pods = wait_for("the workers created, on the booked nodes, Running", running, 120)
+        for pod in pods:
+            annotations = pod.metadata.annotations or {}
+            assert annotations["autoscaling.x-k8s.io/consume-provisioning-request"] == name
+        wait_phase(k8s_api, namespace, "dws", {"Running"}, 60)
+    finally:
+        local_cluster.reset_nodes()

@@ -51,6 +51,13 @@ HELM_VERSION = "v3.21.4"
 # within the supported skew of a 1.36 API server.
 KARPENTER_VERSION = "v1.14.1"
 
+# The ProvisioningRequest CRD (autoscaling.x-k8s.io, the API of GKE's queued provisioning):
+# the real definition, from the cluster autoscaler's API module at the version
+# sigs.k8s.io/kueue v0.14.0 requires (the autoscaler itself is not served by the proxy).
+AUTOSCALER_APIS_MODULE = "k8s.io/autoscaler/cluster-autoscaler/apis"
+AUTOSCALER_APIS_VERSION = "v0.0.0-20240830133931-adfbe7e45277"
+PROVISIONING_REQUEST_CRD = "config/crd/autoscaling.x-k8s.io_provisioningrequests.yaml"
+
 # Go's build cache makes an interrupted build resume where it stopped; these flags keep the
 # binaries small and avoid a C toolchain (static binaries, no cgo).
 _BUILD_FLAGS = ("-trimpath",)
@@ -301,6 +308,23 @@ def _module_info(module: str, version: str, cwd: Path, env: dict[str, str]) -> d
     out = _run(["go", "mod", "download", "-json", f"{module}@{version}"], cwd, env)
     info: dict[str, str] = json.loads(out)
     return info
+
+
+def module_file(module: str, version: str, relative: str, root: Path | None = None) -> Path:
+    """A file of a Go module at a pinned version, from the build's module cache (fetched
+    through the module proxy the first time)."""
+    root = root or cache_root()
+    if not go_available():
+        raise GoToolchainMissingError(f"`go` is needed to fetch {module}@{version}")
+    with tempfile.TemporaryDirectory() as tmp:
+        info = _module_info(module, version, Path(tmp), go_env(root))
+    return Path(info["Dir"]) / relative
+
+
+def provisioning_request_crd(root: Path | None = None) -> Path:
+    return module_file(
+        AUTOSCALER_APIS_MODULE, AUTOSCALER_APIS_VERSION, PROVISIONING_REQUEST_CRD, root
+    )
 
 
 def verify(binary: Binary, root: Path) -> bool:
