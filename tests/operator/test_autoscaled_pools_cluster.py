@@ -367,3 +367,88 @@ def test_workers_wait_for_their_provisioning_request_and_start_once_it_is_provis
         wait_phase(k8s_api, namespace, "dws", {"Running"}, 60)
     finally:
         local_cluster.reset_nodes()
+
+
+@pytest.mark.usefixtures("provisioning_request_crd")
+def test_a_failed_provisioning_request_backs_its_zone_off_and_the_job_moves(
+    k8s_api: Any,
+    namespace: str,
+    operator: OperatorProcess,
+    gpupools: Callable[..., str],
+) -> None:
+    node_pool = f"dwsf-{uuid.uuid4().hex[:6]}"
+    pool = gpupools(
+        node_pool,
+        autoscaling={
+            **autoscaling(2)["autoscaling"],
+            "provisioningSeconds": 30,
+            "provisioningRequest": {},
+        },
+    )
+    existing = gpupools("v100-spot")
+    wait_for(
+        "possible capacity in the pool",
+        lambda: pool_status(k8s_api, pool).get("gpusPossible") == 8,
+        90,
+    )
+    # A long job: eight A100s after a 30 s wait beat the V100s that exist now.
+    body = job_body(namespace, "fails", [pool, existing])
+    body["spec"]["training"]["steps"] = 1_000_000
+    custom = client.CustomObjectsApi(k8s_api)
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs", body)
+
+    def request() -> dict[str, Any] | None:
+        items: list[dict[str, Any]] = custom.list_namespaced_custom_object(
+            "autoscaling.x-k8s.io",
+            "v1",
+            namespace,
+            "provisioningrequests",
+            label_selector="sailplan.dev/job=fails,sailplan.dev/role=capacity",
+        )["items"]
+        return items[0] if items else None
+
+    name = wait_for("a ProvisioningRequest for the A100 workers", request, 120)["metadata"]["name"]
+    # The autoscaler's part: no capacity.
+    custom.patch_namespaced_custom_object_status(
+        "autoscaling.x-k8s.io",
+        "v1",
+        namespace,
+        "provisioningrequests",
+        name,
+        {
+            "status": {
+                "conditions": [
+                    {
+                        "type": "Failed",
+                        "status": "True",
+                        "reason": "OutOfResources",
+                        "message": "GCE_STOCKOUT in us-central1-a",
+                        "lastTransitionTime": "2026-01-01T00:00:00Z",
+                    }
+                ]
+            }
+        },
+    )
+
+    def backed_off() -> bool:
+        conditions = pool_status(k8s_api, pool).get("conditions", [])
+        return any(c["type"] == "ScaleUpAvailable" and c["status"] == "False" for c in conditions)
+
+    # The GPUPool refresh reads requests on node and pod events and at the resync (60 s).
+    wait_for("the zone backed off", backed_off, 150, lambda: str(pool_status(k8s_api, pool)))
+
+    def running_on_v100() -> list[Any] | None:
+        pods = pods_of(k8s_api, namespace, "fails")
+        ok = pods and all(
+            p.status.phase == "Running"
+            and p.metadata.labels.get("sailplan.dev/gpupool") == existing
+            for p in pods
+        )
+        return pods if ok else None
+
+    wait_for(
+        "the job replanned onto the V100s that exist, Running",
+        running_on_v100,
+        150,
+        lambda: str((get_job(k8s_api, namespace, "fails").get("status") or {}).get("conditions")),
+    )
