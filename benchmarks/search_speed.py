@@ -6,10 +6,9 @@ process's peak RSS after the row (resource.getrusage; `--trace-memory` adds the 
 peak Python heap from tracemalloc, which slows the search several-fold, so its times are
 then not comparable). One process, no sampling. Sailor's published times are beside ours.
 
-    python benchmarks/search_speed.py            # all clusters
-    python benchmarks/search_speed.py --only 1 2 # a subset (row numbers)
+    python benchmarks/search_speed.py            # all six rows
+    python benchmarks/search_speed.py --only 6   # a subset (row numbers): the deep pipeline
     python benchmarks/search_speed.py --top 3    # best plan plus two alternatives
-    python benchmarks/search_speed.py --deep     # adds row 6, the known slow case (tens of s)
 
 Profiles: the measured Sailor artifact (A100-40, V100-16, GH200-96 for OPT-350M) when
 `../shared/reference/sailor-artifact` sits beside the checkout, else roofline estimates
@@ -74,10 +73,10 @@ CLUSTERS: list[tuple[str, list[tuple[str, str, int]], float | None]] = [
     ),
 ]
 
-# The known weak spot, a deep pipeline of a large model (50 layers; the best plan has 7
-# stages): not in the default table because it takes tens of seconds. The artifact measured
-# OPT-30B on other GPU types, so A100-80 and H100-80 are planned on make_plan's roofline
-# estimates.
+# A deep pipeline of a large model (50 layers; the best plan has 7 stages), the case that
+# took tens of seconds before the stage DP shared its bounds across depths. The artifact
+# measured OPT-30B on other GPU types, so A100-80 and H100-80 are planned on make_plan's
+# roofline estimates.
 DEEP = (
     "OPT-30B on 64 A100-80 + 32 H100-80",
     [("A100-80", "us-central1-a", 64), ("H100-80", "us-central1-a", 32)],
@@ -116,7 +115,6 @@ def main() -> None:
     parser.add_argument("--only", type=int, nargs="*", help="row numbers to run (1-based)")
     parser.add_argument("--global-batch", type=int, default=2048)
     parser.add_argument("--trace-memory", action="store_true", help="tracemalloc peak heap")
-    parser.add_argument("--deep", action="store_true", help="add the OPT-30B deep-pipeline row")
     parser.add_argument(
         "--top", type=int, default=1, help="plans to return (1 = the best, as Sailor times it)"
     )
@@ -126,7 +124,8 @@ def main() -> None:
     model = catalog.model("OPT-350M")
     table = Table(
         title=(
-            f"Full search, OPT-350M, global batch {args.global_batch}, top {args.top}; "
+            f"Full search, OPT-350M (row 6: {DEEP[2]}), global batch {args.global_batch}, "
+            f"top {args.top}; "
             f"profiles: {source}"
         )
     )
@@ -145,8 +144,7 @@ def main() -> None:
         table.add_column(column)
     load_before = os.getloadavg()[0]
     rows = [(label, spec, sailor, model) for label, spec, sailor in CLUSTERS]
-    if args.deep:
-        rows.append((DEEP[0], DEEP[1], None, catalog.model(DEEP[2])))
+    rows.append((DEEP[0], DEEP[1], None, catalog.model(DEEP[2])))
     for row, (label, spec, sailor, row_model) in enumerate(rows, start=1):
         if args.only and row not in args.only:
             continue

@@ -78,6 +78,16 @@ class _Stats:
     roomiest: float = 0.0
 
 
+@dataclass
+class _Group:
+    """What Search._group caches per (micro-batch, DP degree, kinds)."""
+
+    micro_batches: int
+    servers: list[KindServers]
+    capacity: CapacityModel
+    dp_args: dict[str, object]  # stagedp.solve's keyword arguments but depth, limit, expired
+
+
 class _SpeedBound:
     """How many "fastest-kind stages" r more stages can be worth, given what is used.
 
@@ -180,6 +190,7 @@ class Search:
         self.top = TopK(request.top_k)
         self._boundaries: dict[tuple[int, tuple[_KindKey, ...]], list[list[list[float]]]] = {}
         self._capacities: dict[tuple[TypeServers, ...], CapacityModel] = {}
+        self._groups: dict[tuple[int, int, tuple[_KindKey, ...]], _Group] = {}
 
     def _zone_symmetry(self) -> dict[str, list[str]]:
         """For each zone, the interchangeable zones that sort before it.
@@ -403,7 +414,7 @@ class Search:
         servers: list[KindServers],
         type_servers: list[TypeServers],
     ) -> list[stagedp.Weighting]:
-        """GPU-type weights for the DP's capacity-aware work bound (stagedp.work_lower).
+        """GPU-type weights for the DP's capacity-aware work bound (stagedp.WorkRows).
 
         A weight per type of its best per-GPU speed to a few powers: no single power is
         tightest on every cluster, and each is valid because a kind (and a slot) is given
@@ -595,20 +606,15 @@ class Search:
         )
         self.stats.roomiest = max(self.stats.roomiest, *(kt.capacity_bytes for kt in tables))
 
-    def _solve(
-        self,
-        mbs: int,
-        dp: int,
-        depth: int,
-        keys: list[_KindKey],
-        tables: list[KindTables],
-        *,
-        cap: float = float("inf"),
-    ) -> None:
-        """Solve one triple; plans whose objective value exceeds min(k-th best, cap) may
-        be dropped unseen."""
-        batch = self.request.global_batch_size
-        micro = batch // (mbs * dp)
+    def _group(self, mbs: int, dp: int, keys: list[_KindKey], tables: list[KindTables]) -> _Group:
+        """Everything the DP of a (micro-batch, DP, kinds) needs that does not depend on
+        the depth or the bar: built once and shared by every depth's DP (the outer loop
+        solves tens of depths per pair, and both passes meet the same kinds)."""
+        group_key = (mbs, dp, tuple(keys))
+        cached = self._groups.get(group_key)
+        if cached is not None:
+            return cached
+        micro = self.request.global_batch_size // (mbs * dp)
         servers = self.servers(keys, tables)
         slot_keys = sorted({(k.gpu_type, k.zone) for k in keys})
         type_servers = []
@@ -630,12 +636,9 @@ class Search:
         if capacity is None:
             capacity = CapacityModel(self.pools, self.prices, type_servers)
             self._capacities[tuple(type_servers)] = capacity
-        boundary = self._boundary(mbs, keys)
         per_layer = np.min(np.stack([np.diagonal(kt.compute, offset=1) for kt in tables]), axis=0)
-        rest_lower = np.concatenate([np.cumsum(per_layer[::-1])[::-1], [0.0]])
         heavy = self._heavy(per_layer)
         speed = self._stage_speed_bound(dp, keys, tables, heavy)
-        rest_heavy = np.concatenate([np.cumsum(heavy[::-1])[::-1], [0.0]])
         kinds = [
             stagedp.Kind(
                 slot=slot_keys.index((k.gpu_type, k.zone)),
@@ -646,17 +649,6 @@ class Search:
             )
             for k, kt in zip(keys, tables, strict=True)
         ]
-
-        def limit(usage: tuple[int, ...]) -> float:
-            return self.goal.time_limit(
-                min(self.top.kth(), cap), capacity.usd_per_hour_lower(usage)
-            )
-
-        if self.request.objective.kind == "throughput" and not self._priced_constraints():
-            # the time limit does not depend on the price: skip the per-usage pricing
-            def limit(usage: tuple[int, ...]) -> float:
-                return self.goal.time_limit(min(self.top.kth(), cap), 0.0)
-
         # a zone-pure kind may only open its zone once the zone's earlier twins are used
         zone_slots = {
             zone: [i for i, (_, z) in enumerate(slot_keys) if z == zone] for zone in self.zones
@@ -669,26 +661,81 @@ class Search:
         def kind_allowed(usage: tuple[int, ...], k: int) -> bool:
             return all(any(usage[i] for i in slots) for slots in twins_of_kind[k])
 
-        weightings = self._weightings(speed, servers, type_servers)
+        # the work bound's rows do not depend on the depth either (see stagedp.WorkRows)
+        work_bounds = [
+            (
+                stagedp.WorkRows(
+                    [
+                        kt.compute * (dp * k.tensor_parallel * w)
+                        for k, kt, w in zip(keys, tables, weighting.kind, strict=True)
+                    ],
+                    lambda in_flight: [kt.fits(in_flight) for kt in tables],
+                    micro,
+                ),
+                weighting,
+            )
+            for weighting in self._weightings(speed, servers, type_servers)
+        ]
+        group = _Group(
+            micro_batches=micro,
+            servers=servers,
+            capacity=capacity,
+            dp_args={
+                "num_layers": self.num_layers,
+                "micro_batches": micro,
+                "constant": 0.0,
+                "kinds": kinds,
+                "num_slots": len(slot_keys),
+                "boundary": self._boundary(mbs, keys),
+                "usage_ok": capacity.feasible,
+                "final_ok": capacity.feasible,
+                "rest_lower": np.concatenate([np.cumsum(per_layer[::-1])[::-1], [0.0]]),
+                "rest_heavy": np.concatenate([np.cumsum(heavy[::-1])[::-1], [0.0]]),
+                "tail_lower": self._tail_by_length(tables),
+                # row r (r stages covering [b, L)) is the same for every depth >= r
+                "split_lower": self._min_max_split(per_layer, self.num_layers),
+                "stage_speed": lambda usage, r: speed.remaining(slot_keys, usage, r),
+                "kind_allowed": kind_allowed if any(twins_of_kind) else None,
+                "work_bounds": work_bounds,
+                "spread_cache": {},
+            },
+        )
+        self._groups[group_key] = group
+        return group
+
+    def _solve(
+        self,
+        mbs: int,
+        dp: int,
+        depth: int,
+        keys: list[_KindKey],
+        tables: list[KindTables],
+        *,
+        cap: float = float("inf"),
+    ) -> None:
+        """Solve one triple; plans whose objective value exceeds min(k-th best, cap) may
+        be dropped unseen."""
+        batch = self.request.global_batch_size
+        group = self._group(mbs, dp, keys, tables)
+        micro = group.micro_batches
+        servers = group.servers
+        capacity = group.capacity
+
+        def limit(usage: tuple[int, ...]) -> float:
+            return self.goal.time_limit(
+                min(self.top.kth(), cap), capacity.usd_per_hour_lower(usage)
+            )
+
+        if self.request.objective.kind == "throughput" and not self._priced_constraints():
+            # the time limit does not depend on the price: skip the per-usage pricing
+            def limit(usage: tuple[int, ...]) -> float:
+                return self.goal.time_limit(min(self.top.kth(), cap), 0.0)
+
         self.stats.dp_runs += 1
         common = {
-            "num_layers": self.num_layers,
+            **group.dp_args,
             "depth": depth,
-            "micro_batches": micro,
-            "constant": 0.0,
-            "kinds": kinds,
-            "num_slots": len(slot_keys),
-            "boundary": boundary,
-            "usage_ok": capacity.feasible,
-            "final_ok": capacity.feasible,
-            "rest_lower": rest_lower,
-            "rest_heavy": rest_heavy,
-            "tail_lower": self._tail_by_length(tables),
-            "split_lower": self._min_max_split(per_layer, depth),
-            "stage_speed": lambda usage, r: speed.remaining(slot_keys, usage, r),
-            "kind_allowed": kind_allowed if any(twins_of_kind) else None,
             "expired": self._out_of_time if self.deadline is not None else None,
-            "weightings": weightings,
         }
         try:
             results = stagedp.solve(limit=limit, **common)  # type: ignore[arg-type]

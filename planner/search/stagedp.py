@@ -58,7 +58,7 @@ class DPResult:
 
 @dataclass(frozen=True)
 class Weighting:
-    """Weights that make GPU-seconds of different GPU types comparable (see work_lower).
+    """Weights that make GPU-seconds of different GPU types comparable (see WorkRows).
 
     kind[k]: weight of one GPU-second of a stage of kind k on its own type; slot[i]: the
     least weight of any GPU a stage of usage slot i may run on (its own type or a faster
@@ -140,10 +140,15 @@ def _usage_entry(
     min_hop: float,
     num_layers: int,
     no_spread: list[float],
-    work_after: Sequence[tuple[npt.NDArray[np.float64], Weighting]] = (),
+    work_bounds: Sequence[tuple[WorkRows, Weighting]] = (),
+    spread_cache: dict[tuple[Usage, int], list[float]] | None = None,
 ) -> tuple[float, list[float]] | None:
     """A grown usage's time limit and, per end layer, the least cycle the stages still to
-    come force (None: the usage can never be served or can never matter)."""
+    come force (None: the usage can never be served or can never matter).
+
+    The per-end bounds depend only on the usage and the number of stages after it, not on
+    the depth or the bar, so spread_cache (the caller's, one per set of bounds) keeps them
+    for the DPs of the other depths."""
     if not usage_ok(usage):
         return None
     bound = limit(usage)
@@ -151,6 +156,10 @@ def _usage_entry(
         return None
     if not stages_after:
         return bound, no_spread
+    if spread_cache is not None:
+        cached = spread_cache.get((usage, stages_after))
+        if cached is not None:
+            return bound, cached
     speed = max(stage_speed(usage, stages_after), 1e-300)
     # the best single stage still possible: no remaining stage is worth more
     best_one = stage_speed(usage, 1)
@@ -171,8 +180,9 @@ def _usage_entry(
         weighted = np.where(heavy_left >= 0.0, heavy_left / speed + 2.0 * min_hop, 0.0)
         spread = np.maximum(spread, weighted)
         # the stages still to come share the weighted GPUs left: the slowest of them
-        # takes at least their weighted GPU-seconds over that (see work_lower)
-        for work, weighting in work_after:
+        # takes at least their weighted GPU-seconds over that (see WorkRows)
+        for rows, weighting in work_bounds:
+            work = rows.row(stages_after)
             left = weighting.capacity - sum(
                 used * w for used, w in zip(usage, weighting.slot, strict=True)
             )
@@ -180,16 +190,15 @@ def _usage_entry(
             spread = np.maximum(spread, share + min_hop)
         spreads: list[float] = spread.tolist()
     spreads.append(0.0)
+    if spread_cache is not None:
+        spread_cache[(usage, stages_after)] = spreads
     return bound, spreads
 
 
-def work_lower(
-    fits_lists: Sequence[Sequence[Sequence[Sequence[bool]]]],
-    kinds: Sequence[Kind],
-    weights: Sequence[float],
-) -> list[npt.NDArray[np.float64]]:
-    """[s][b] = least weighted GPU-seconds per micro-batch of stages s..P-1 covering
-    layers [b, L), each on a kind that holds its layers in memory at its position.
+class WorkRows:
+    """[r][b] = least weighted GPU-seconds per micro-batch of the LAST r stages of a
+    pipeline covering layers [b, L), each on a kind that holds its layers in memory at its
+    position.
 
     Why: the cycle C is at least every stage's time t_j, so C times the weighted GPUs
     still free is at least sum_j t_j * GPUs_j * weight_j. Deep pipelines of large models
@@ -197,21 +206,39 @@ def work_lower(
     stages and the fast type is scarce, which neither the per-layer balance nor the
     memory-blind speed bound sees. Capacity per type enters only through the weights and
     the free total, so this is a lower bound, and pruning with it stays exact.
+
+    A stage with r stages from it to the end (itself included) keeps min(r, M) micro-
+    batches in flight under 1F1B, whatever the depth, so row r does not depend on the
+    pipeline depth: one WorkRows serves every depth of a (micro-batch, DP, kinds) and
+    grows its rows on demand (a backward min-sum, one stage per row). Stage s of a
+    depth-P pipeline and the stages after it are row P - s.
     """
-    depth = len(fits_lists)
-    matrices = [np.asarray(k.compute) * (k.gpus * w) for k, w in zip(kinds, weights, strict=True)]
-    n = matrices[0].shape[0]  # L + 1 boundaries
-    after = np.full(n, np.inf)
-    after[n - 1] = 0.0
-    out = [after]
-    for s in range(depth - 1, -1, -1):
-        stage = np.full((n, n), np.inf)
-        for kind_fits, cost in zip(fits_lists[s], matrices, strict=True):
-            stage = np.where(np.asarray(kind_fits, dtype=bool), np.minimum(stage, cost), stage)
-        after = (stage + after[None, :]).min(axis=1)
-        out.append(after)
-    out.reverse()
-    return out
+
+    def __init__(
+        self,
+        costs: Sequence[npt.NDArray[np.float64]],
+        masks: Callable[[int], Sequence[npt.NDArray[np.bool_]]],
+        micro_batches: int,
+    ) -> None:
+        """costs[k]: kind k's (L+1) x (L+1) stage seconds times its GPUs and weight;
+        masks(f): per kind, the ranges that fit with f micro-batches in flight."""
+        self._costs = list(costs)
+        self._masks = masks
+        self._micro_batches = micro_batches
+        n = self._costs[0].shape[0]  # L + 1 boundaries
+        first = np.full(n, np.inf)
+        first[n - 1] = 0.0
+        self._rows: list[npt.NDArray[np.float64]] = [first]
+
+    def row(self, r: int) -> npt.NDArray[np.float64]:
+        while len(self._rows) <= r:
+            stages = len(self._rows)
+            masks = self._masks(min(stages, self._micro_batches))
+            stage = np.full_like(self._costs[0], np.inf)
+            for fits, cost in zip(masks, self._costs, strict=True):
+                stage = np.where(fits, np.minimum(stage, cost), stage)
+            self._rows.append((stage + self._rows[-1][None, :]).min(axis=1))
+        return self._rows[r]
 
 
 class DeadlineReachedError(Exception):
@@ -237,7 +264,8 @@ def solve(
     stage_speed: Callable[[Usage, int], float],
     kind_allowed: Callable[[Usage, int], bool] | None = None,
     expired: Callable[[], bool] | None = None,
-    weightings: Sequence[Weighting] = (),
+    work_bounds: Sequence[tuple[WorkRows, Weighting]] = (),
+    spread_cache: dict[tuple[Usage, int], list[float]] | None = None,
 ) -> list[DPResult]:
     """Minimum iteration time per feasible (usage, last kind) for a P = depth pipeline.
 
@@ -255,31 +283,18 @@ def solve(
     split_lower[r][b] the slowest of r stages covering layers [b, L). kind_allowed(usage, k)
     may forbid kind k after `usage` (the caller's symmetry breaking). expired() is asked
     once per stage position; when it says so, DeadlineReachedError is raised.
-    weightings: GPU-type weights for the capacity-aware work bound (work_lower); each
-    must satisfy Weighting's condition.
+    work_bounds: the capacity-aware work bound (WorkRows) per GPU-type weighting; each
+    weighting must satisfy Weighting's condition. spread_cache: a dict the caller keeps
+    across the depths of calls with the same arguments but depth, limit and expired.
     """
     m1 = micro_batches - 1
     # python lists: the loops below index single entries, much faster than numpy scalars
-    fits_lists = [[k.fits(min(depth - s, micro_batches)) for k in kinds] for s in range(depth)]
     compute_lists = [k.compute for k in kinds]
     tail_lists = [k.tail for k in kinds]
     rest_list = rest_lower.tolist()
     min_hop = min(min(row) for matrix in boundary[1:] for row in matrix) if num_layers > 1 else 0.0
     tail_by_length = tail_lower.tolist()
     no_spread = [0.0] * (num_layers + 1)
-    # per stage position and end layer: the least tail the longest remaining stage has
-    tail_floors = []
-    for s in range(depth):
-        after = depth - s - 1
-        tail_floors.append(
-            [
-                tail_by_length[-(-(num_layers - end) // after)]
-                if after and end < num_layers
-                else 0.0
-                for end in range(num_layers + 1)
-            ]
-        )
-    works = [(work_lower(fits_lists, kinds, w.kind), w) for w in weightings]
     zero: Usage = (0,) * num_slots
     # state: (first free layer, usage, last kind or -1) -> Pareto front
     fronts: dict[tuple[int, Usage, int], list[_Label]] = {
@@ -297,7 +312,15 @@ def solve(
         # every boundary still to come costs at least the cheapest hop, twice in the
         # fill/drain and once in the cycles of the stages on both its sides
         hop_out = min_hop if stages_after else 0.0
-        tail_floor = tail_floors[s]
+        # per end layer: the least tail the longest remaining stage has (built per stage
+        # reached: most DPs stop after a few stages of a deep pipeline)
+        tail_floor = [
+            tail_by_length[-(-(num_layers - end) // stages_after)]
+            if stages_after and end < num_layers
+            else 0.0
+            for end in range(num_layers + 1)
+        ]
+        stage_fits = [k.fits(min(depth - s, micro_batches)) for k in kinds]
         # per grown usage: (its time limit, the per-end spread bound); many states of this
         # stage grow to the same usage, and neither depends on anything else
         per_usage: dict[Usage, tuple[float, list[float]] | None] = {}
@@ -329,7 +352,8 @@ def solve(
                         min_hop=min_hop,
                         num_layers=num_layers,
                         no_spread=no_spread,
-                        work_after=[(work[s + 1], w) for work, w in works],
+                        work_bounds=work_bounds,
+                        spread_cache=spread_cache,
                     )
                 if entry is None:
                     continue
@@ -340,7 +364,7 @@ def solve(
                     if last_stage
                     else range(start + 1, last_end + 1)
                 )
-                feasible = fits_lists[s][k][start]
+                feasible = stage_fits[k][start]
                 compute_row = compute_lists[k][start]
                 tail_row = tail_lists[k][start]
                 two_x = 2.0 * x
