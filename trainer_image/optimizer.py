@@ -60,6 +60,10 @@ class StageOptimizer(ABC):
         """Average the gradients over the DP group and update the parameters."""
 
     @abstractmethod
+    def skip(self) -> None:
+        """Drop this step's gradients without updating (an fp16 overflow on some rank)."""
+
+    @abstractmethod
     def moments(self, param: torch.nn.Parameter) -> dict[str, torch.Tensor]:
         """The parameter's full Adam moments ({} before the first step, or for SGD).
 
@@ -103,6 +107,9 @@ class ReplicatedOptimizer(StageOptimizer):
     def step(self) -> None:
         all_reduce_gradients(self.params, self.dp_group, self.dp_size)
         self.inner.step()
+        self.inner.zero_grad(set_to_none=True)
+
+    def skip(self) -> None:
         self.inner.zero_grad(set_to_none=True)
 
     def moments(self, param: torch.nn.Parameter) -> dict[str, torch.Tensor]:

@@ -170,6 +170,24 @@ class ZeroOptimizer(StageOptimizer):
         self.inner.step()
         self.inner.zero_grad(set_to_none=True)
 
+    def skip(self) -> None:
+        # DeepSpeed's own overflow path (stage_1_and_2.py step(): zero the gradients, drop
+        # the reduced partitions and accumulation buffers, reset the micro-step), entered by
+        # reporting an overflow: the ranks already agreed that this step is skipped, which
+        # DeepSpeed's own check, over the DP group only, could not know.
+        inner = self.inner
+        check, flag = inner.check_overflow, inner.check_grad_overflow
+
+        def overflowed(*args: Any, **kwargs: Any) -> None:
+            inner.overflow = True
+
+        inner.check_overflow, inner.check_grad_overflow = overflowed, True
+        try:
+            inner.step()
+        finally:
+            inner.check_overflow, inner.check_grad_overflow = check, flag
+        inner.zero_grad(set_to_none=True)
+
     def _has_moments(self) -> bool:
         return self.kind == "adam" and bool(self.inner._hp_optimizer_states_linked)
 
