@@ -350,7 +350,9 @@ class Search:
         return np.minimum.accumulate(exact[::-1])[::-1]
 
     @staticmethod
-    def _min_max_split(per_layer: npt.NDArray[np.float64], depth: int) -> list[list[float]]:
+    def _min_max_split(
+        per_layer: npt.NDArray[np.float64], depth: int
+    ) -> list[npt.NDArray[np.float64]]:
         """[r][b] = least possible slowest-stage time when layers [b, L) form r stages,
         every layer at its fastest kind's time: a lower bound that, unlike the average,
         knows layers are indivisible (a heavy head cannot be shared)."""
@@ -358,15 +360,15 @@ class Search:
         prefix = np.concatenate([[0.0], np.cumsum(per_layer)])
         span = prefix[None, :] - prefix[:, None]  # span[a, b] = layers [a, b)
         depth = max(depth, 1)
-        table = [[float("inf")] * (n + 1) for _ in range(depth + 1)]
+        table = [np.full(n + 1, np.inf) for _ in range(depth + 1)]
         current = np.full(n + 1, np.inf)
         current[:n] = span[:n, n]
-        table[1] = current.tolist()
+        table[1] = current
         upper = np.triu(np.ones((n + 1, n + 1), dtype=bool), k=1)
         for r in range(2, depth + 1):
             candidates = np.where(upper, np.maximum(span, current[None, :]), np.inf)
             current = candidates.min(axis=1)
-            table[r] = current.tolist()
+            table[r] = current
         return table
 
     @staticmethod
@@ -525,7 +527,7 @@ class Search:
                 # boundary, and the longest stage (>= L/P layers) at its cheapest tail
                 links = hop if depth > 1 else 0.0
                 longest = -(-self.num_layers // depth)
-                cycle = max(heavy_work / speed.stages(depth), split[depth][0]) + links
+                cycle = max(heavy_work / speed.stages(depth), float(split[depth][0])) + links
                 if depth > 1:
                     # the P cycles hold every stage once and every boundary twice, so the
                     # slowest is at least their mean; weighted by stage speeds (the two end
@@ -665,10 +667,8 @@ class Search:
         work_bounds = [
             (
                 stagedp.WorkRows(
-                    [
-                        kt.compute * (dp * k.tensor_parallel * w)
-                        for k, kt, w in zip(keys, tables, weighting.kind, strict=True)
-                    ],
+                    [kt.compute for kt in tables],
+                    [dp * k.tensor_parallel * w for k, w in zip(keys, weighting.kind, strict=True)],
                     lambda in_flight: [kt.fits(in_flight) for kt in tables],
                     micro,
                 ),

@@ -25,6 +25,7 @@ Called only by engine.py. Pure python/numpy, no I/O.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -141,8 +142,8 @@ def _usage_entry(
     num_layers: int,
     no_spread: list[float],
     work_bounds: Sequence[tuple[WorkRows, Weighting]] = (),
-    spread_cache: dict[tuple[Usage, int], list[float]] | None = None,
-) -> tuple[float, list[float]] | None:
+    spread_cache: dict[tuple[Usage, int], Sequence[float]] | None = None,
+) -> tuple[float, Sequence[float]] | None:
     """A grown usage's time limit and, per end layer, the least cycle the stages still to
     come force (None: the usage can never be served or can never matter).
 
@@ -188,7 +189,9 @@ def _usage_entry(
             )
             share = work[:num_layers] / left if left > 0 else np.full(num_layers, np.inf)
             spread = np.maximum(spread, share + min_hop)
-        spreads: list[float] = spread.tolist()
+        # an array of doubles: the same values as a list, a quarter of its memory (the
+        # cache holds tens of thousands of these on deep pipelines)
+        spreads = array("d", spread.tobytes())
     spreads.append(0.0)
     if spread_cache is not None:
         spread_cache[(usage, stages_after)] = spreads
@@ -216,16 +219,20 @@ class WorkRows:
 
     def __init__(
         self,
-        costs: Sequence[npt.NDArray[np.float64]],
+        seconds: Sequence[npt.NDArray[np.float64]],
+        scales: Sequence[float],
         masks: Callable[[int], Sequence[npt.NDArray[np.bool_]]],
         micro_batches: int,
     ) -> None:
-        """costs[k]: kind k's (L+1) x (L+1) stage seconds times its GPUs and weight;
-        masks(f): per kind, the ranges that fit with f micro-batches in flight."""
-        self._costs = list(costs)
+        """seconds[k]: kind k's (L+1) x (L+1) stage seconds, scales[k]: its GPUs times its
+        weight; masks(f): per kind, the ranges that fit with f micro-batches in flight.
+        The weighted matrices are formed again for each row rather than kept: a search
+        holds one WorkRows per (micro-batch, DP, kinds, weighting)."""
+        self._seconds = list(seconds)
+        self._scales = list(scales)
         self._masks = masks
         self._micro_batches = micro_batches
-        n = self._costs[0].shape[0]  # L + 1 boundaries
+        n = self._seconds[0].shape[0]  # L + 1 boundaries
         first = np.full(n, np.inf)
         first[n - 1] = 0.0
         self._rows: list[npt.NDArray[np.float64]] = [first]
@@ -234,9 +241,9 @@ class WorkRows:
         while len(self._rows) <= r:
             stages = len(self._rows)
             masks = self._masks(min(stages, self._micro_batches))
-            stage = np.full_like(self._costs[0], np.inf)
-            for fits, cost in zip(masks, self._costs, strict=True):
-                stage = np.where(fits, np.minimum(stage, cost), stage)
+            stage = np.full_like(self._seconds[0], np.inf)
+            for fits, seconds, scale in zip(masks, self._seconds, self._scales, strict=True):
+                stage = np.where(fits, np.minimum(stage, seconds * scale), stage)
             self._rows.append((stage + self._rows[-1][None, :]).min(axis=1))
         return self._rows[r]
 
@@ -260,12 +267,12 @@ def solve(
     rest_lower: npt.NDArray[np.float64],
     rest_heavy: npt.NDArray[np.float64],
     tail_lower: npt.NDArray[np.float64],
-    split_lower: Sequence[Sequence[float]],
+    split_lower: Sequence[npt.NDArray[np.float64]],
     stage_speed: Callable[[Usage, int], float],
     kind_allowed: Callable[[Usage, int], bool] | None = None,
     expired: Callable[[], bool] | None = None,
     work_bounds: Sequence[tuple[WorkRows, Weighting]] = (),
-    spread_cache: dict[tuple[Usage, int], list[float]] | None = None,
+    spread_cache: dict[tuple[Usage, int], Sequence[float]] | None = None,
 ) -> list[DPResult]:
     """Minimum iteration time per feasible (usage, last kind) for a P = depth pipeline.
 
@@ -323,7 +330,7 @@ def solve(
         stage_fits = [k.fits(min(depth - s, micro_batches)) for k in kinds]
         # per grown usage: (its time limit, the per-end spread bound); many states of this
         # stage grow to the same usage, and neither depends on anything else
-        per_usage: dict[Usage, tuple[float, list[float]] | None] = {}
+        per_usage: dict[Usage, tuple[float, Sequence[float]] | None] = {}
         allowed_after: dict[Usage, list[tuple[int, Kind]]] = {}
         for (start, usage, previous), front in sorted(fronts.items()):
             allowed = allowed_after.get(usage)

@@ -44,15 +44,10 @@ class KindTables:
     _lists: dict[object, list[list[float]] | list[list[bool]]] = field(
         default_factory=dict, repr=False, compare=False
     )
-    # fits() per in-flight count, shared by every depth's DP (treat as read-only)
-    _masks: dict[object, BoolMatrix] = field(default_factory=dict, repr=False, compare=False)
 
     def fits(self, in_flight: int) -> BoolMatrix:
-        key = ("mask", in_flight)
-        if key not in self._masks:
-            need = self._memory_base + self._memory_per_flight * in_flight
-            self._masks[key] = need <= self.capacity_bytes
-        return self._masks[key]
+        need = self._memory_base + self._memory_per_flight * in_flight
+        return need <= self.capacity_bytes
 
     # Python lists of the matrices for the DP's scalar loops (indexing a list is several
     # times faster than a numpy scalar), built once per kind and reused by every depth.

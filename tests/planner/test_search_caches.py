@@ -62,7 +62,9 @@ def test_work_rows_equal_a_fresh_min_sum_at_every_depth() -> None:
         ]
         for f in range(1, micro + 1)
     }
-    rows = stagedp.WorkRows(costs, lambda f: masks[f], micro)
+    scales = [2.0, 0.5, 3.0]  # GPUs x weight per kind
+    rows = stagedp.WorkRows(costs, scales, lambda f: masks[f], micro)
+    costs = [c * w for c, w in zip(costs, scales, strict=True)]
     # ask for the rows out of order: they are built on demand and must not depend on it
     assert np.array_equal(rows.row(4), _per_depth_rows(costs, masks, micro, 4)[0])
     for depth in range(1, layers + 1):

@@ -1,4 +1,4 @@
-"""The DP's capacity-aware work bound (stagedp.work_lower) only prunes, never changes the
+"""The DP's capacity-aware work bound (stagedp.WorkRows) only prunes, never changes the
 optimum: the search with it returns the same best plan as the search without it, on
 small mixed clusters where both run quickly (deep pipelines, tight memory, scarce fast
 GPUs, cost objective and constraints included)."""
