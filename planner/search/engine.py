@@ -25,6 +25,7 @@ Called by search/__init__.py (`plan`) and, through it, by api.make_plan. Pure.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
@@ -50,6 +51,9 @@ GIB = 1024**3
 _GUESS = 1.25
 # powers of per-GPU speed tried as GPU-type weights by the DP's work bound (_weightings)
 _WEIGHT_POWERS = (0.0, 1.0, 2.0)
+# per-usage spread bounds the groups may keep in all (about 0.5 KB each on a 50-layer model):
+# past it they are dropped and recomputed, which bounds a long search's memory
+_SPREAD_CACHE_ENTRIES = 100_000
 
 
 def _divisors(n: int) -> list[int]:
@@ -85,6 +89,7 @@ class _Group:
     micro_batches: int
     servers: list[KindServers]
     capacity: CapacityModel
+    spreads: dict[tuple[tuple[int, ...], int], Sequence[float]]  # the DP's spread_cache
     dp_args: dict[str, object]  # stagedp.solve's keyword arguments but depth, limit, expired
 
 
@@ -191,6 +196,7 @@ class Search:
         self._boundaries: dict[tuple[int, tuple[_KindKey, ...]], list[list[list[float]]]] = {}
         self._capacities: dict[tuple[TypeServers, ...], CapacityModel] = {}
         self._groups: dict[tuple[int, int, tuple[_KindKey, ...]], _Group] = {}
+        self._spreads_cached = 0  # entries in all groups' spread caches
 
     def _zone_symmetry(self) -> dict[str, list[str]]:
         """For each zone, the interchangeable zones that sort before it.
@@ -663,6 +669,7 @@ class Search:
         def kind_allowed(usage: tuple[int, ...], k: int) -> bool:
             return all(any(usage[i] for i in slots) for slots in twins_of_kind[k])
 
+        spreads: dict[tuple[tuple[int, ...], int], Sequence[float]] = {}
         # the work bound's rows do not depend on the depth either (see stagedp.WorkRows)
         work_bounds = [
             (
@@ -680,6 +687,7 @@ class Search:
             micro_batches=micro,
             servers=servers,
             capacity=capacity,
+            spreads=spreads,
             dp_args={
                 "num_layers": self.num_layers,
                 "micro_batches": micro,
@@ -697,7 +705,7 @@ class Search:
                 "stage_speed": lambda usage, r: speed.remaining(slot_keys, usage, r),
                 "kind_allowed": kind_allowed if any(twins_of_kind) else None,
                 "work_bounds": work_bounds,
-                "spread_cache": {},
+                "spread_cache": spreads,
             },
         )
         self._groups[group_key] = group
@@ -737,10 +745,19 @@ class Search:
             "depth": depth,
             "expired": self._out_of_time if self.deadline is not None else None,
         }
+        cached = len(group.spreads)
         try:
             results = stagedp.solve(limit=limit, **common)  # type: ignore[arg-type]
         except stagedp.DeadlineReachedError:
             return
+        finally:
+            self._spreads_cached += len(group.spreads) - cached
+            if self._spreads_cached > _SPREAD_CACHE_ENTRIES:
+                # a cache only: clearing it in place (the DPs hold the same dicts) changes
+                # nothing but the time to recompute
+                for other in self._groups.values():
+                    other.spreads.clear()
+                self._spreads_cached = 0
         self.stats.evaluated += len(results)
         results.sort(key=lambda r: (r.time, r.usage, r.boundaries, r.kinds))
         for result in results:

@@ -4,8 +4,9 @@ The outer loop solves one stage DP per pipeline depth; the work bound's rows
 (stagedp.WorkRows), the per-usage spread bounds and the rest of Search._group are built
 once and reused by every depth. These tests check that reuse against building everything
 afresh: the rows equal a per-depth backward min-sum computed from scratch, and searches
-with and without the shared state return the same plans and score the same number of
-candidates, on small mixed clusters with deep pipelines, tight memory and constraints.
+with the shared state, with its spread caches dropped every few entries and without it
+return the same plans and score the same number of candidates, on small mixed clusters
+with deep pipelines, tight memory and constraints.
 """
 
 from __future__ import annotations
@@ -131,5 +132,8 @@ def test_shared_state_keeps_every_plan(
         self._groups.clear()  # every DP builds its own rows, bounds and caches
         return fresh_group(self, *args)  # type: ignore[arg-type]
 
+    # the spread caches dropped whenever they hold more than 3 entries
+    monkeypatch.setattr(engine, "_SPREAD_CACHE_ENTRIES", 3)
+    assert _answer(request, profiles) == shared
     monkeypatch.setattr(engine.Search, "_group", unshared)
     assert _answer(request, profiles) == shared
