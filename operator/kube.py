@@ -30,6 +30,7 @@ class Kube:
         self.core = client.CoreV1Api(api_client)
         self.batch = client.BatchV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        self.scheduling = client.SchedulingV1Api(api_client)
 
     @staticmethod
     def _json(response: Any) -> dict[str, Any]:
@@ -55,6 +56,17 @@ class Kube:
         )
         items: list[dict[str, Any]] = body.get("items", [])
         return items
+
+    def priority_class_value(self, name: str) -> int | None:
+        """The value of PriorityClass `name`; None if there is none of that name."""
+        try:
+            found = self.scheduling.read_priority_class(name)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        value: int | None = found.value
+        return value
 
     # -- ProvisioningRequests (autoscaling.x-k8s.io; the CRD may not be installed) ---------
     def create_provisioning_request(self, obj: dict[str, Any]) -> bool:

@@ -41,6 +41,7 @@ from sailplan.operator.reconcile.nodes import (
     node_info,
     pod_gpu_request,
     pod_gpu_reservation,
+    pod_priority,
     requested_gpus,
 )
 
@@ -48,7 +49,7 @@ log = logging.getLogger("sailplan.operator")
 
 EVENT_SOURCE = "sailplan-operator"  # the Events' source (`kubectl describe`'s From column)
 # The Kopf indices the runtime reads (ids of the @kopf.index handlers below).
-INDICES = ("nodes", "gpus", "pools", "profiles")
+INDICES = ("nodes", "gpus", "priorities", "pools", "profiles")
 
 
 def connection_info(
@@ -141,6 +142,13 @@ def build_registry(config: OperatorConfig, api_client: client.ApiClient) -> kopf
         if created is not None:
             entry[(WAITING, pool_name, zone)] = created.timestamp()
         return entry
+
+    @kopf.index("pods", id="priorities", registry=registry)
+    async def priorities(body: kopf.Body, **_: Any) -> dict[str, int]:
+        # node -> priority of each bound pod holding its GPUs: what a job of higher
+        # priority may preempt (reconcile.snapshot.with_preemptible).
+        usage = pod_gpu_request(body)
+        return {usage[0]: pod_priority(body)} if usage else {}
 
     @kopf.index(GROUP, pool_api.PLURAL, id="pools", registry=registry)
     async def pools(body: kopf.Body, name: str, **_: Any) -> dict[str, dict[str, Any]]:

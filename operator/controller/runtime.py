@@ -50,7 +50,7 @@ from sailplan.operator.reconcile.provisioning import (
     waiting_requests,
 )
 from sailplan.operator.reconcile.scaleup import next_change
-from sailplan.operator.reconcile.snapshot import with_reservations
+from sailplan.operator.reconcile.snapshot import with_preemptible, with_reservations
 from sailplan.operator.reconcile.trainingjob import (
     Outcome,
     invalid_status,
@@ -293,6 +293,16 @@ class Runtime:
             observed = dataclasses.replace(
                 observed, pools=with_reservations(observed.pools, reservations)
             )
+            priority = await self._job_priority(parsed.job)
+            if priority > 0:
+                # Nodes only lower-priority pods hold count as free: the scheduler preempts
+                # them for this job's workers.
+                observed = dataclasses.replace(
+                    observed,
+                    pools=with_preemptible(
+                        observed.pools, nodes, self._node_priorities(), priority
+                    ),
+                )
             outcome = await run_blocking(
                 reconcile,
                 observed,
@@ -326,6 +336,24 @@ class Runtime:
             "Failed": workers.failed,
         }
         metrics.publish_pod_phases(self.pod_phases.values())
+
+    async def _job_priority(self, job: job_api.TrainingJob) -> int:
+        """The value of the PriorityClass the job's workers get (0 without one or when it
+        does not exist: the API server then refuses the pods, which the job reports)."""
+        overrides = job.spec.pod_template_overrides
+        spec = overrides.spec if overrides is not None else None
+        name = spec.priority_class_name if spec is not None else None
+        if not name:
+            return 0
+        value = await run_blocking(self.kube.priority_class_value, name)
+        return value or 0
+
+    def _node_priorities(self) -> dict[str, int]:
+        """node -> the highest priority among the pods holding its GPUs."""
+        index = self.indices.get("priorities")
+        if index is None:
+            return {}
+        return {str(node): max(store) for node, store in index.items() if store}
 
     # -- lifecycle -----------------------------------------------------------------------
     def ensure_started(self) -> None:

@@ -147,3 +147,10 @@ def created_at(body: Mapping[str, Any]) -> datetime | None:
         return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
     except ValueError:
         return None
+
+
+def pod_priority(body: Mapping[str, Any]) -> int:
+    """spec.priority: the value the API server resolved from the pod's priorityClassName
+    (the scheduler preempts pods of lower priority for it); 0 when unset."""
+    value = (body.get("spec") or {}).get("priority")
+    return int(value) if isinstance(value, int) else 0

@@ -18,7 +18,9 @@ from typing import Literal
 
 from sailplan.operator.api.gpupool import GPUPool
 from sailplan.operator.api.trainingjob import PoolSelection
+from sailplan.operator.reconcile.gpupool import selects
 from sailplan.operator.reconcile.naming import pool_key
+from sailplan.operator.reconcile.nodes import NodeInfo
 from sailplan.planner.cluster import ClusterSnapshot, Pool
 
 # "free": nodes a new worker can take now (planning); "ready": every healthy node, busy or
@@ -141,3 +143,34 @@ def build_snapshot(
     reserved: Mapping[str, int] | None = None,
 ) -> ClusterSnapshot:
     return ClusterSnapshot(pools=snapshot_pools(pools, count, reserved=reserved))
+
+
+def with_preemptible(
+    pools: Sequence[GPUPool],
+    nodes: Mapping[str, NodeInfo],
+    node_priority: Mapping[str, int],
+    priority: int,
+) -> tuple[GPUPool, ...]:
+    """`pools` as a job of `priority` may plan on them: a ready node whose GPUs only pods of
+    lower priority hold (`node_priority`: node -> the highest priority among its GPU pods)
+    counts as free, because the scheduler preempts those pods for the job's workers
+    (Kubernetes pod priority). The preempted job replans like after a spot preemption."""
+    result = []
+    for pool in pools:
+        zones = []
+        for zone in pool.status.zones:
+            preemptible = sum(
+                1
+                for node in nodes.values()
+                if node.zone == zone.zone
+                and node.schedulable
+                and selects(pool, node)
+                and node.name in node_priority
+                and node_priority[node.name] < priority
+                and node.gpus_allocatable >= zone.gpus_per_node > 0
+            )
+            free = min(zone.nodes_ready, zone.nodes_free + preemptible)
+            zones.append(zone.model_copy(update={"nodes_free": free}))
+        status = pool.status.model_copy(update={"zones": tuple(zones)})
+        result.append(pool.model_copy(update={"status": status}))
+    return tuple(result)
