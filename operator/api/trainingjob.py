@@ -217,8 +217,30 @@ class TrainingSettings(KubeModel):
     optimizer: Literal["adam", "sgd"] = "adam"
     learning_rate: float = Field(default=3e-4, gt=0, le=10)
     seed: int = Field(default=0, ge=0)
-    mixed_precision: bool = False
+    mixed_precision: bool = Field(
+        default=False,
+        description="shorthand for precision: auto (kept for older manifests); "
+        "precision wins when both are set",
+    )
+    precision: Literal["auto", "bf16", "fp16", "fp32"] | None = Field(
+        default=None,
+        description="auto = bf16 where every GPU type of the plan has it, else fp16 with "
+        "dynamic loss scaling; the trainer keeps fp32 weights and optimizer state either way. "
+        "Unset = fp32, or auto with mixedPrecision",
+    )
+    zero_stage: Literal[0, 1, 2] = Field(
+        default=1,
+        description="DeepSpeed ZeRO over each stage's data-parallel replicas: 1 partitions the "
+        "optimizer state, 2 the gradients too, 0 neither; the planner prices each GPU's "
+        "memory as the trainer then holds it",
+    )
     data: DataSource = DataSource()
+
+    def precision_choice(self) -> Literal["auto", "bf16", "fp16", "fp32"]:
+        """What the planner and the trainer run: the field, else mixedPrecision's auto."""
+        if self.precision is not None:
+            return self.precision
+        return "auto" if self.mixed_precision else "fp32"
 
 
 PoolName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN)]

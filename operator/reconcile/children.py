@@ -105,6 +105,7 @@ def trainer_config(job: TrainingJob) -> workerenv.TrainerConfig:
         checkpoint_interval_steps=spec.checkpoint.interval_steps,
         checkpoints_to_keep=spec.checkpoint.keep,
         mixed_precision=spec.training.mixed_precision,
+        zero_stage=spec.training.zero_stage,
     )
 
 

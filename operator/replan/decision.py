@@ -170,6 +170,8 @@ def plan_request(job: TrainingJob, model: ModelSpec, cluster: ClusterSnapshot) -
         model=model,
         global_batch_size=spec.training.global_batch_size,
         optimizer=spec.training.optimizer,
+        precision=spec.training.precision_choice(),
+        zero_stage=spec.training.zero_stage,
         cluster=cluster,
         objective=Objective(
             kind="cost" if spec.objective.kind == "Cost" else "throughput",
