@@ -77,6 +77,26 @@ def pod_gpus(pods: list[Any]) -> int:
     return sum(int(p.spec.containers[0].resources.limits["nvidia.com/gpu"]) for p in pods)
 
 
+def release_then_reset(k8s_api: Any, namespace: str, local_cluster: Any) -> None:
+    """Delete the test's jobs and wait for their pods to go while their nodes still exist
+    (a pod on a node deleted first waits for the pod garbage collector), then put the
+    cluster's nodes back."""
+    custom = client.CustomObjectsApi(k8s_api)
+    for job in custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs")[
+        "items"
+    ]:
+        custom.delete_namespaced_custom_object(
+            GROUP, VERSION, namespace, "trainingjobs", job["metadata"]["name"]
+        )
+    core = client.CoreV1Api(k8s_api)
+    wait_for(
+        "the test's pods gone",
+        lambda: not core.list_namespaced_pod(namespace, label_selector="sailplan.dev/job").items,
+        90,
+    )
+    local_cluster.reset_nodes()
+
+
 def test_a_job_on_a_pool_at_zero_nodes_plans_and_runs_once_nodes_come(
     k8s_api: Any,
     namespace: str,
@@ -366,7 +386,7 @@ def test_workers_wait_for_their_provisioning_request_and_start_once_it_is_provis
             assert annotations["autoscaling.x-k8s.io/consume-provisioning-request"] == name
         wait_phase(k8s_api, namespace, "dws", {"Running"}, 60)
     finally:
-        local_cluster.reset_nodes()
+        release_then_reset(k8s_api, namespace, local_cluster)
 
 
 @pytest.mark.usefixtures("provisioning_request_crd")

@@ -1,7 +1,7 @@
 """The kubelet PodResources client (operator/nodeagent/podresources.py) against a gRPC
 server on a unix socket that answers what a kubelet answers: the reply is encoded here with
 a protobuf wire-format encoder of the test's own, fields the agent does not read included.
-The socket tests need grpcio (the `nodeagent` extra) and are skipped without it."""
+The socket tests need grpcio: the `nodeagent` extra, and the dev `test` extra installs it."""
 
 from __future__ import annotations
 
@@ -79,7 +79,8 @@ def test_a_truncated_reply_is_one_line() -> None:
 
 @pytest.fixture
 def kubelet_socket() -> Iterator[str]:
-    grpc = pytest.importorskip("grpc")
+    import grpc
+
     folder = tempfile.mkdtemp(prefix="pr", dir="/tmp")  # a unix socket path is short
     path = str(Path(folder) / "kubelet.sock")
     calls: list[bytes] = []
@@ -122,7 +123,6 @@ def test_the_client_maps_the_kubelets_answer_to_pod_uids(kubelet_socket: str) ->
 
 
 def test_no_kubelet_is_one_line() -> None:
-    pytest.importorskip("grpc")
     source = PodResourcesDevices("/tmp/no-such-kubelet.sock", timeout=2.0)
     try:
         with pytest.raises(PodResourcesError, match="kubelet PodResources List: UNAVAILABLE"):
