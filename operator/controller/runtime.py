@@ -66,13 +66,6 @@ log = logging.getLogger("sailplan.operator")
 CAPACITY_REQUEST_SELECTOR = f"{LABEL_ROLE}={ROLE_CAPACITY}"
 
 
-def _parsed_or_none(body: Any) -> GPUPool | None:
-    try:
-        return parse_pool(body)
-    except ValidationError:
-        return None
-
-
 def _now() -> datetime:
     return datetime.now(UTC).replace(microsecond=0)
 
@@ -131,15 +124,23 @@ class Runtime:
             elif store:
                 _, pool_name, zone = key
                 waiting.setdefault(pool_name, {})[zone] = datetime.fromtimestamp(min(store), tz=UTC)
+        pools: list[tuple[str, GPUPool]] = []
+        for name, store in sorted(pools_index.items()):
+            for body in store:
+                try:
+                    pools.append((name, parse_pool(body)))
+                except ValidationError as error:
+                    log.warning(
+                        "GPUPool does not parse", extra={"gpupool": name, "error": str(error)}
+                    )
         # A request that waits (or failed) keeps its zone waiting like an unbound worker.
         requests = await run_blocking(
             self.kube.list_provisioning_requests, CAPACITY_REQUEST_SELECTOR
         )
         timeouts = {
             name: pool.spec.autoscaling.provisioning_timeout_seconds
-            for name, store in pools_index.items()
-            for body in store
-            if (pool := _parsed_or_none(body)) is not None and pool.spec.autoscaling is not None
+            for name, pool in pools
+            if pool.spec.autoscaling is not None
         }
         for pool_name, zones in waiting_requests(requests, timeouts).items():
             for zone, since in zones.items():
@@ -148,51 +149,43 @@ class Runtime:
         now = _now()
         changed = False
         wake_at: list[datetime] = []
-        for name, store in sorted(pools_index.items()):
-            for body in store:
-                try:
-                    pool = parse_pool(body)
-                except ValidationError as error:
-                    log.warning(
-                        "GPUPool does not parse", extra={"gpupool": name, "error": str(error)}
-                    )
-                    continue
-                status = pool_status(
-                    pool,
-                    nodes,
-                    in_use,
-                    self.config.catalog,
+        for name, pool in pools:
+            status = pool_status(
+                pool,
+                nodes,
+                in_use,
+                self.config.catalog,
+                now,
+                reserved=reserved.get(name),
+                waiting_since=waiting.get(name),
+            )
+            if pool.spec.autoscaling is not None:
+                moment = next_change(
+                    status.zones,
+                    waiting.get(name, {}),
+                    pool.spec.autoscaling.provisioning_timeout_seconds,
                     now,
-                    reserved=reserved.get(name),
-                    waiting_since=waiting.get(name),
                 )
-                if pool.spec.autoscaling is not None:
-                    moment = next_change(
-                        status.zones,
-                        waiting.get(name, {}),
-                        pool.spec.autoscaling.provisioning_timeout_seconds,
-                        now,
-                    )
-                    if moment is not None:
-                        wake_at.append(moment)
-                if status == pool.status:
-                    continue
-                patch = merge_patch(
-                    pool.status.model_dump(mode="json", by_alias=True, exclude_none=True),
-                    status.model_dump(mode="json", by_alias=True, exclude_none=True),
+                if moment is not None:
+                    wake_at.append(moment)
+            if status == pool.status:
+                continue
+            patch = merge_patch(
+                pool.status.model_dump(mode="json", by_alias=True, exclude_none=True),
+                status.model_dump(mode="json", by_alias=True, exclude_none=True),
+            )
+            try:
+                await run_blocking(self.kube.patch_pool_status, name, patch)
+            except ApiException as error:
+                # One pool (e.g. deleted meanwhile) must not keep the others stale.
+                log.warning(
+                    "GPUPool status not written",
+                    extra={"gpupool": name, "status_code": error.status},
                 )
-                try:
-                    await run_blocking(self.kube.patch_pool_status, name, patch)
-                except ApiException as error:
-                    # One pool (e.g. deleted meanwhile) must not keep the others stale.
-                    log.warning(
-                        "GPUPool status not written",
-                        extra={"gpupool": name, "status_code": error.status},
-                    )
-                    metrics.RECONCILES.labels(kind=pool_api.KIND, result="error").inc()
-                    continue
-                metrics.RECONCILES.labels(kind=pool_api.KIND, result="ok").inc()
-                changed = True
+                metrics.RECONCILES.labels(kind=pool_api.KIND, result="error").inc()
+                continue
+            metrics.RECONCILES.labels(kind=pool_api.KIND, result="ok").inc()
+            changed = True
         self._refresh_pools_at(min(wake_at) if wake_at else None, now)
         if changed:
             # Capacity changed: jobs waiting for GPUs may now plan.

@@ -72,25 +72,23 @@ def capacity_requests(
     """One request per (GPUPool, zone) among `pods` whose GPUPool is in `options`, with one
     pod set per distinct pod shape (GPUs per worker). Deterministic names: the job, plan
     generation, attempt and the group's position in (GPUPool, zone) order."""
-    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    # (GPUPool, zone) -> GPUs per worker -> its workers
+    groups: dict[tuple[str, str], dict[int, list[Mapping[str, Any]]]] = {}
     for pod in pods:
         reservation = pod_gpu_reservation(pod)
         if reservation is None or reservation[0] not in options:
             continue
-        groups.setdefault((reservation[0], reservation[1]), []).append(pod)
+        gpupool, zone, gpus_each = reservation
+        groups.setdefault((gpupool, zone), {}).setdefault(gpus_each, []).append(pod)
     out: list[CapacityRequest] = []
-    for index, ((gpupool, zone), members) in enumerate(sorted(groups.items())):
+    for index, ((gpupool, zone), shapes) in enumerate(sorted(groups.items())):
+        members = [pod for shaped in shapes.values() for pod in shaped]
         first = members[0]["metadata"]
         labels = first.get("labels") or {}
         name = (
             f"{labels[naming.LABEL_JOB]}-g{labels[naming.LABEL_GENERATION]}"
             f"-a{labels[naming.LABEL_ATTEMPT]}-c{index}"
         )
-        shapes: dict[int, list[Mapping[str, Any]]] = {}
-        for pod in members:
-            reservation = pod_gpu_reservation(pod)
-            assert reservation is not None
-            shapes.setdefault(reservation[2], []).append(pod)
         common = {
             **naming.job_labels(labels[naming.LABEL_JOB], ROLE_CAPACITY),
             naming.LABEL_GENERATION: labels[naming.LABEL_GENERATION],
