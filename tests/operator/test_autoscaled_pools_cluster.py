@@ -77,6 +77,62 @@ def pod_gpus(pods: list[Any]) -> int:
     return sum(int(p.spec.containers[0].resources.limits["nvidia.com/gpu"]) for p in pods)
 
 
+def running_on(
+    k8s_api: Any, namespace: str, job: str, gpupool: str
+) -> Callable[[], list[Any] | None]:
+    """A wait_for check: the job's workers, once every one runs on `gpupool`."""
+
+    def check() -> list[Any] | None:
+        pods = pods_of(k8s_api, namespace, job)
+        ok = pods and all(
+            p.status.phase == "Running" and p.metadata.labels.get("sailplan.dev/gpupool") == gpupool
+            for p in pods
+        )
+        return pods if ok else None
+
+    return check
+
+
+def scale_up_backed_off(k8s_api: Any, pool: str) -> dict[str, Any] | None:
+    """The pool's status once its condition ScaleUpAvailable is False."""
+    status = pool_status(k8s_api, pool)
+    conditions = {c["type"]: c for c in status.get("conditions", [])}
+    return status if conditions.get("ScaleUpAvailable", {}).get("status") == "False" else None
+
+
+def capacity_requests_of(k8s_api: Any, namespace: str, job: str) -> list[dict[str, Any]]:
+    """The ProvisioningRequests the operator made for `job`."""
+    items: list[dict[str, Any]] = client.CustomObjectsApi(k8s_api).list_namespaced_custom_object(
+        "autoscaling.x-k8s.io",
+        "v1",
+        namespace,
+        "provisioningrequests",
+        label_selector=f"sailplan.dev/job={job},sailplan.dev/role=capacity",
+    )["items"]
+    return items
+
+
+def set_request_condition(
+    k8s_api: Any, namespace: str, name: str, kind: str, *, reason: str, message: str
+) -> None:
+    """The autoscaler's part: one True condition on the request's status."""
+    condition = {
+        "type": kind,
+        "status": "True",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }
+    client.CustomObjectsApi(k8s_api).patch_namespaced_custom_object_status(
+        "autoscaling.x-k8s.io",
+        "v1",
+        namespace,
+        "provisioningrequests",
+        name,
+        {"status": {"conditions": [condition]}},
+    )
+
+
 def release_then_reset(k8s_api: Any, namespace: str, local_cluster: Any) -> None:
     """Delete the test's jobs and wait for their pods to go while their nodes still exist
     (a pod on a node deleted first waits for the pod garbage collector), then put the
@@ -123,18 +179,21 @@ def test_a_job_on_a_pool_at_zero_nodes_plans_and_runs_once_nodes_come(
         assert all(p.spec.node_name is None and p.status.phase == "Pending" for p in pods)
         assert {zone_of(p) for p in pods} == {ZONE}
         assert 0 < pod_gpus(pods) <= 8
-        # A pod event normally refreshes the status at once; one that reached the handler
-        # before the pod index (seen once in CI) waits for the 60 s resync.
+        # The workers of now: the job's first plan may be an interim one that the search's
+        # answer replaces (a new generation, other workers) while this test looks.
         wait_for(
             "every worker's GPUs reserved in the pool status",
-            lambda: pool_status(k8s_api, pool).get("gpusReserved") == pod_gpus(pods),
-            120,
+            lambda: (
+                pool_status(k8s_api, pool).get("gpusReserved")
+                == pod_gpus(pods_of(k8s_api, namespace, "grow"))
+            ),
+            60,
             lambda: str(pool_status(k8s_api, pool)),
         )
 
         # The autoscaler's part: add the pool's nodes in the pods' zone.
         pool_shape = grown_pool(node_pool)
-        nodes_needed = -(-pod_gpus(pods) // 4)
+        nodes_needed = -(-pod_gpus(pods_of(k8s_api, namespace, "grow")) // 4)
         local_cluster.add_nodes([node_manifest(pool_shape, ZONE, i) for i in range(nodes_needed)])
 
         def running() -> list[Any] | None:
@@ -240,15 +299,9 @@ def test_a_zone_that_gives_no_node_is_backed_off_and_the_job_moves_to_nodes_that
     first = wait_for("workers pinned to the pool at zero nodes", waiting_for_a100, 120)
     assert all(p.spec.node_name is None for p in first)
 
-    def backed_off() -> dict[str, Any] | None:
-        status = pool_status(k8s_api, stocked_out)
-        conditions = {c["type"]: c for c in status.get("conditions", [])}
-        scale_up = conditions.get("ScaleUpAvailable", {})
-        return status if scale_up.get("status") == "False" else None
-
     status = wait_for(
         "the zone backed off after the 60 s timeout",
-        backed_off,
+        lambda: scale_up_backed_off(k8s_api, stocked_out),
         150,
         lambda: str(pool_status(k8s_api, stocked_out)),
     )
@@ -258,18 +311,9 @@ def test_a_zone_that_gives_no_node_is_backed_off_and_the_job_moves_to_nodes_that
         ZONE in next(c for c in status["conditions"] if c["type"] == "ScaleUpAvailable")["message"]
     )
 
-    def running_on_v100() -> list[Any] | None:
-        pods = pods_of(k8s_api, namespace, "moves")
-        ok = pods and all(
-            p.status.phase == "Running"
-            and p.metadata.labels.get("sailplan.dev/gpupool") == existing
-            for p in pods
-        )
-        return pods if ok else None
-
     wait_for(
         "the job replanned onto the V100s that exist, Running",
-        running_on_v100,
+        running_on(k8s_api, namespace, "moves", existing),
         180,
         lambda: str((get_job(k8s_api, namespace, "moves").get("status") or {}).get("conditions")),
     )
@@ -324,20 +368,15 @@ def test_workers_wait_for_their_provisioning_request_and_start_once_it_is_provis
         90,
     )
     submit(k8s_api, namespace, "dws", pool)
-    custom = client.CustomObjectsApi(k8s_api)
-    selector = "sailplan.dev/job=dws,sailplan.dev/role=capacity"
-
-    def requests() -> list[dict[str, Any]] | None:
-        items: list[dict[str, Any]] = custom.list_namespaced_custom_object(
-            "autoscaling.x-k8s.io", "v1", namespace, "provisioningrequests", label_selector=selector
-        )["items"]
-        return items or None
-
-    (request,) = wait_for("a ProvisioningRequest for the plan's workers", requests, 120)
+    (request,) = wait_for(
+        "a ProvisioningRequest for the plan's workers",
+        lambda: capacity_requests_of(k8s_api, namespace, "dws") or None,
+        120,
+    )
     spec = request["spec"]
     assert spec["provisioningClassName"] == "queued-provisioning.gke.io"
     assert spec["parameters"] == {"maxRunDurationSeconds": "3600"}
-    workers = sum(s["count"] for s in spec["podSets"])
+    assert sum(s["count"] for s in spec["podSets"]) > 0
     # No worker exists while the request waits; the job says why.
     assert pods_of(k8s_api, namespace, "dws") == []
 
@@ -350,43 +389,48 @@ def test_workers_wait_for_their_provisioning_request_and_start_once_it_is_provis
     assert pods_of(k8s_api, namespace, "dws") == []
 
     try:
-        # The autoscaler's part: the nodes, then the request Provisioned.
-        name = request["metadata"]["name"]
-        gpus = int(request["metadata"]["annotations"]["sailplan.dev/gpus"])
-        local_cluster.add_nodes(
-            [node_manifest(grown_pool(node_pool), ZONE, i) for i in range(-(-gpus // 4))]
-        )
-        now = "2026-01-01T00:00:00Z"
-        custom.patch_namespaced_custom_object_status(
-            "autoscaling.x-k8s.io",
-            "v1",
-            namespace,
-            "provisioningrequests",
-            name,
-            {
-                "status": {
-                    "conditions": [
-                        {
-                            "type": "Provisioned",
-                            "status": "True",
-                            "reason": "Provisioned",
-                            "message": "capacity is booked",
-                            "lastTransitionTime": now,
-                        }
-                    ]
-                }
-            },
-        )
+        # The autoscaler's part: the pool's nodes, then every request of the job Provisioned
+        # (the job's first plan may be an interim one: the search's answer then comes as a
+        # new generation with a request of its own).
+        local_cluster.add_nodes([node_manifest(grown_pool(node_pool), ZONE, i) for i in range(2)])
+        provisioned: dict[str, int] = {}  # request -> its workers
 
         def running() -> list[Any] | None:
+            for found in capacity_requests_of(k8s_api, namespace, "dws"):
+                name = found["metadata"]["name"]
+                if name not in provisioned:
+                    set_request_condition(
+                        k8s_api,
+                        namespace,
+                        name,
+                        "Provisioned",
+                        reason="Provisioned",
+                        message="capacity is booked",
+                    )
+                    provisioned[name] = sum(s["count"] for s in found["spec"]["podSets"])
             current = pods_of(k8s_api, namespace, "dws")
-            ok = len(current) == workers and all(p.status.phase == "Running" for p in current)
+            consumed = {
+                (p.metadata.annotations or {}).get(
+                    "autoscaling.x-k8s.io/consume-provisioning-request"
+                )
+                for p in current
+            }
+            ok = (
+                len(consumed) == 1
+                and (request_name := next(iter(consumed))) in provisioned
+                and len(current) == provisioned[request_name]
+                and all(p.status.phase == "Running" for p in current)
+            )
             return current if ok else None
 
-        pods = wait_for("the workers created, on the booked nodes, Running", running, 120)
-        for pod in pods:
-            annotations = pod.metadata.annotations or {}
-            assert annotations["autoscaling.x-k8s.io/consume-provisioning-request"] == name
+        wait_for(
+            "the workers created on the booked nodes, consuming their request, Running",
+            running,
+            120,
+            lambda: str(
+                [(p.metadata.name, p.status.phase) for p in pods_of(k8s_api, namespace, "dws")]
+            ),
+        )
         wait_phase(k8s_api, namespace, "dws", {"Running"}, 60)
     finally:
         release_then_reset(k8s_api, namespace, local_cluster)
@@ -417,61 +461,34 @@ def test_a_failed_provisioning_request_backs_its_zone_off_and_the_job_moves(
     # A long job: eight A100s after a 30 s wait beat the V100s that exist now.
     body = job_body(namespace, "fails", [pool, existing])
     body["spec"]["training"]["steps"] = 1_000_000
-    custom = client.CustomObjectsApi(k8s_api)
-    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs", body)
-
-    def request() -> dict[str, Any] | None:
-        items: list[dict[str, Any]] = custom.list_namespaced_custom_object(
-            "autoscaling.x-k8s.io",
-            "v1",
-            namespace,
-            "provisioningrequests",
-            label_selector="sailplan.dev/job=fails,sailplan.dev/role=capacity",
-        )["items"]
-        return items[0] if items else None
-
-    name = wait_for("a ProvisioningRequest for the A100 workers", request, 120)["metadata"]["name"]
-    # The autoscaler's part: no capacity.
-    custom.patch_namespaced_custom_object_status(
-        "autoscaling.x-k8s.io",
-        "v1",
-        namespace,
-        "provisioningrequests",
-        name,
-        {
-            "status": {
-                "conditions": [
-                    {
-                        "type": "Failed",
-                        "status": "True",
-                        "reason": "OutOfResources",
-                        "message": "GCE_STOCKOUT in us-central1-a",
-                        "lastTransitionTime": "2026-01-01T00:00:00Z",
-                    }
-                ]
-            }
-        },
+    client.CustomObjectsApi(k8s_api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "trainingjobs", body
     )
-
-    def backed_off() -> bool:
-        conditions = pool_status(k8s_api, pool).get("conditions", [])
-        return any(c["type"] == "ScaleUpAvailable" and c["status"] == "False" for c in conditions)
-
+    (request,) = wait_for(
+        "a ProvisioningRequest for the A100 workers",
+        lambda: capacity_requests_of(k8s_api, namespace, "fails") or None,
+        120,
+    )
+    # The autoscaler's part: no capacity.
+    set_request_condition(
+        k8s_api,
+        namespace,
+        request["metadata"]["name"],
+        "Failed",
+        reason="OutOfResources",
+        message="GCE_STOCKOUT in us-central1-a",
+    )
     # The GPUPool refresh reads requests on node and pod events and at the resync (60 s).
-    wait_for("the zone backed off", backed_off, 150, lambda: str(pool_status(k8s_api, pool)))
-
-    def running_on_v100() -> list[Any] | None:
-        pods = pods_of(k8s_api, namespace, "fails")
-        ok = pods and all(
-            p.status.phase == "Running"
-            and p.metadata.labels.get("sailplan.dev/gpupool") == existing
-            for p in pods
-        )
-        return pods if ok else None
+    wait_for(
+        "the zone backed off",
+        lambda: scale_up_backed_off(k8s_api, pool),
+        150,
+        lambda: str(pool_status(k8s_api, pool)),
+    )
 
     wait_for(
         "the job replanned onto the V100s that exist, Running",
-        running_on_v100,
+        running_on(k8s_api, namespace, "fails", existing),
         150,
         lambda: str((get_job(k8s_api, namespace, "fails").get("status") or {}).get("conditions")),
     )

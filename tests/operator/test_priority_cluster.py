@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from test_autoscaled_pools_cluster import ZONE, grown_pool, release_then_reset
+from test_autoscaled_pools_cluster import ZONE, grown_pool, release_then_reset, running_on
 from test_operator_cluster import get_job, job_body, pods_of
 from waiting import wait_for
 
@@ -59,15 +59,9 @@ def test_a_higher_priority_job_takes_the_gpus_of_a_lower_one_which_replans(
             with_priority(job_body(namespace, "low", [pool]), low),
         )
 
-        def running(job: str) -> Callable[[], list[Any] | None]:
-            def check() -> list[Any] | None:
-                pods = pods_of(k8s_api, namespace, job)
-                ok = pods and all(p.status.phase == "Running" for p in pods)
-                return pods if ok else None
-
-            return check
-
-        low_pods = wait_for("the low-priority job Running", running("low"), 180)
+        low_pods = wait_for(
+            "the low-priority job Running", running_on(k8s_api, namespace, "low", pool), 180
+        )
         held = {p.spec.node_name for p in low_pods}
         assert len(held) == 2  # it holds both nodes: nothing is free for anyone else
 
@@ -80,7 +74,7 @@ def test_a_higher_priority_job_takes_the_gpus_of_a_lower_one_which_replans(
         )
         high_pods = wait_for(
             "the high-priority job Running on the low one's nodes",
-            running("high"),
+            running_on(k8s_api, namespace, "high", pool),
             240,
             lambda: str(
                 (get_job(k8s_api, namespace, "high").get("status") or {}).get("conditions")
