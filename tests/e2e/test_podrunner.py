@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -261,7 +262,8 @@ def test_pod_sees_configmap_downward_api_and_env_then_succeeds(
     log = runner.log_path(namespace, "reader").read_text()
     assert pod.status.phase == "Succeeded", log
     assert pod.spec.node_name == runner_node.name  # placed by the scheduler
-    assert pod.status.pod_ip == "127.0.0.1"
+    # Its own loopback address (podrunner_net), not the node's.
+    assert pod.status.pod_ip.startswith("127.") and pod.status.pod_ip != pod.status.host_ip
     terminated = _terminated(pod)
     assert (terminated.exit_code, terminated.reason) == (0, "Completed")
     assert {"app": "reader", "team": "sailplan"}.items() <= pod.metadata.labels.items()
@@ -275,7 +277,7 @@ def test_pod_sees_configmap_downward_api_and_env_then_succeeds(
         "pod_name": "reader",
         "namespace": namespace,
         "node": runner_node.name,
-        "pod_ip": "127.0.0.1",
+        "pod_ip": pod.status.pod_ip,
         "team_label": "sailplan",
         "color": "teal",
         "expanded": "pod=reader literal=$(MY_POD_NAME)",
@@ -420,6 +422,7 @@ time.sleep(300)
 _RESUMER = """
 import json
 import os
+import socket
 seen = {"step": open("/ckpt/step").read(), "terminated": open("/ckpt/terminated").read()}
 open("/ckpt/seen.json", "w").write(json.dumps(seen))
 """
@@ -597,24 +600,40 @@ def test_restart_policy_on_failure_restarts_the_container(
     assert read("flaky", namespace, container="main", previous=True) == "run 1\n"
 
 
-# Listens on the metrics port the env names, as the trainer's Prometheus server does, and
-# holds it long enough for both pods to overlap.
+# Listens on the metrics port the env names, on every address as the trainer's Prometheus
+# server does, answers each connection with its pod's name until /out/stop appears.
 _LISTENER = """
 import os, socket, time
-sock = socket.socket()
-sock.bind(("127.0.0.1", int(os.environ["SAILPLAN_METRICS_PORT"])))
-sock.listen()
+sock = socket.create_server(("0.0.0.0", int(os.environ["SAILPLAN_METRICS_PORT"])))
+sock.settimeout(0.2)
 open("/out/port", "w").write(os.environ["SAILPLAN_METRICS_PORT"])
-time.sleep(1.0)
+while not os.path.exists("/out/stop"):
+    try:
+        connection, _ = sock.accept()
+    except TimeoutError:
+        continue
+    with connection:
+        connection.sendall(os.environ["NAME"].encode())
 """
 
 
+def _read_from(address: tuple[str, int]) -> bytes:
+    with socket.create_connection(address, timeout=10) as connection:
+        received = b""
+        while chunk := connection.recv(1024):
+            received += chunk
+        return received
+
+
 def test_metrics_ports_do_not_collide_between_pods(
-    runner: PodRunner, runner_node: RunnerNode, pods: Pods, namespace: str
+    runner: PodRunner, runner_node: RunnerNode, pods: Pods, namespace: str, k8s_api: Any
 ) -> None:
     # Both pods ask for the trainer's default port; on one machine only one could bind it.
-    env = [{"name": "SAILPLAN_METRICS_PORT", "value": "9400"}]
     for name in ("m1", "m2"):
+        env = [
+            {"name": "SAILPLAN_METRICS_PORT", "value": "9400"},
+            {"name": "NAME", "value": name},
+        ]
         manifest = pods.manifest(
             name,
             runner_node.pool,
@@ -624,13 +643,25 @@ def test_metrics_ports_do_not_collide_between_pods(
             mounts=[OUT_MOUNT],
         )
         pods.create(namespace, manifest)
+    core = client.CoreV1Api(k8s_api)
     for name in ("m1", "m2"):
-        pod = pods.wait_phase(namespace, name, ("Succeeded", "Failed"))
-        assert pod.status.phase == "Succeeded", runner.log_path(namespace, name).read_text()
+        pods.wait_phase(namespace, name, ("Running",))
     ports = [runner.ports(namespace, name)["SAILPLAN_METRICS_PORT"] for name in ("m1", "m2")]
     assert ports[0] != ports[1]
+    deadline = time.monotonic() + 30
+    while not all((_out_dir(runner, namespace, n) / "port").exists() for n in ("m1", "m2")):
+        assert time.monotonic() < deadline, "the listeners did not start"
+        time.sleep(0.1)
     seen = [int((_out_dir(runner, namespace, n) / "port").read_text()) for n in ("m1", "m2")]
     assert seen == ports
+    # A client that knows only the Pod reaches each process at podIP:9400, as in a cluster.
+    ips = [core.read_namespaced_pod(n, namespace).status.pod_ip for n in ("m1", "m2")]
+    assert ips[0] != ips[1]
+    assert [_read_from((ip, 9400)) for ip in ips] == [b"m1", b"m2"]
+    for name in ("m1", "m2"):
+        (_out_dir(runner, namespace, name) / "stop").write_text("")
+        pod = pods.wait_phase(namespace, name, ("Succeeded", "Failed"))
+        assert pod.status.phase == "Succeeded", runner.log_path(namespace, name).read_text()
 
 
 def test_adopting_a_kwok_node_reports_its_fake_pods_lost_and_runs_new_ones(

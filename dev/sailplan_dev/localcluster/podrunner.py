@@ -29,6 +29,9 @@ kubelet:
   127.0.0.1), and gives its nodes only that address and port, so the API server's
   `pods/log` (`kubectl logs`, read_namespaced_pod_log) reaches it;
 - re-renders downward API files when the pod's labels or annotations change;
+- gives each pod its own loopback address as status.podIP and forwards podIP:<port> of its
+  port env vars (the trainer's metrics port) to the free port its process got
+  (podrunner_net), so clients that read the Pod reach it as through a pod network;
 - on graceful deletion sends SIGTERM, waits up to the grace period, SIGKILLs the process
   group, then deletes the pod object with grace 0 (what the kubelet's status manager does).
 
@@ -69,6 +72,7 @@ from kubernetes import client, watch
 from urllib3.exceptions import HTTPError as Urllib3Error
 
 from . import podrunner_fs as podfs
+from . import podrunner_net as podnet
 from . import podrunner_pod as podspec
 from . import podrunner_security as security
 from . import podrunner_status as podstatus
@@ -186,6 +190,8 @@ class _Pod:
     start_time: str = ""
     started_at: str = ""  # of the current run
     ports: dict[str, int] = field(default_factory=dict)
+    ip: str = podspec.POD_IP  # its status.podIP (podrunner_net)
+    forwards: dict[str, podnet.PortForward] = field(default_factory=dict)  # by port env var
     deleting: bool = False
     disruption: podstatus.Disruption | None = None
     abandoned: bool = False  # the node died: nobody reports this pod's status any more
@@ -400,6 +406,7 @@ class PodRunner:
         self._lock = threading.Lock()
         self._agents: dict[str, _NodeAgent] = {}
         self._pods: dict[str, _Pod] = {}
+        self._addresses = podnet.PodAddresses()
         self._volumes: list[str] = []  # PersistentVolumes made by provision_claim
         self._closed = False
         # The kubelet's log endpoint of every node of this runner (they share 127.0.0.1).
@@ -623,6 +630,8 @@ class PodRunner:
                 if entry.process is not None and entry.process.poll() is None:
                     entry.process.send_signal(signal.SIGTERM)
         self._stop_pods(pods, grace_s)
+        for entry in pods:
+            _close_forwards(entry)
         self._log_server.close()
         if self._made_visible is not None:
             shutil.rmtree(self._made_visible, ignore_errors=True)
@@ -798,6 +807,9 @@ class PodRunner:
                     / (f"{metadata['namespace']}_{metadata['name']}_{metadata['uid'][:8]}")
                 )
                 entry = _Pod(uid=metadata["uid"], node=agent.name, pod=pod, directory=directory)
+                given = str((pod.get("status") or {}).get("podIP") or "")
+                # A pod keeps an address it already has (see _patch_status).
+                entry.ip = given if given.startswith("127.") else self._addresses.next()
                 entry.order = podspec.run_order(pod)
                 entry.runs = podstatus.container_runs(entry.order)
                 self._pods[entry.uid] = entry
@@ -842,6 +854,7 @@ class PodRunner:
             self._pods.pop(entry.uid, None)
         # Force-deleted while running: nothing will report it, stop it at once.
         self._abandon(entry)
+        _close_forwards(entry)
 
     @staticmethod
     def _abandon(entry: _Pod) -> None:
@@ -866,7 +879,9 @@ class PodRunner:
             if volumes is None:
                 volumes = podspec.render_volumes(pod, self._sources)
             allocatable = self._allocatable(entry.node)
-            spec = podspec.launch(pod, self._sources, self.entrypoints, allocatable, container)
+            spec = podspec.launch(
+                pod, self._sources, self.entrypoints, allocatable, container, pod_ip=entry.ip
+            )
             image = self.images.get(str(container.get("image", "")), UNKNOWN_IMAGE)
             identity = security.container_identity(pod, container, image)
             services = self._service_names(podspec.meta(pod)["namespace"])
@@ -1044,8 +1059,23 @@ class PodRunner:
         for name in self.port_env:
             if env.get(name) != "0":
                 entry.ports[name] = _free_port()
+                self._forward(entry, name, spec.env.get(name), entry.ports[name])
                 env[name] = str(entry.ports[name])
         return env
+
+    @staticmethod
+    def _forward(entry: _Pod, name: str, asked: str | None, port: int) -> None:
+        """podIP:<the port the pod asked for> -> the free port its process got."""
+        if not (asked or "").isdigit() or not 0 < int(asked or "0") < 65536:
+            return
+        forward = entry.forwards.get(name)
+        if forward is not None:
+            forward.target = port  # a restarted container got a new free port
+            return
+        try:
+            entry.forwards[name] = podnet.PortForward(entry.ip, int(asked or "0"), port)
+        except OSError as error:
+            log.warning("%s: no forward from %s:%s: %s", entry.key, entry.ip, asked, error)
 
     def _pod_kubeconfig(self, entry: _Pod, token_dir: Path, identity: security.Identity) -> Path:
         namespace = podspec.meta(entry.pod)["namespace"]
@@ -1265,6 +1295,7 @@ class PodRunner:
             now=_now(),
             terminal=terminal,
             disruption=entry.disruption,
+            pod_ip=entry.ip,
         )
         self._patch_status(entry, status)
 
@@ -1283,6 +1314,13 @@ class PodRunner:
                 log.warning("status of pod %s: %s %s", entry.key, error.reason, error.body)
         except (Urllib3Error, OSError) as error:
             log.warning("status of pod %s: %s", entry.key, error)
+
+
+def _close_forwards(entry: _Pod) -> None:
+    with entry.lock:
+        forwards, entry.forwards = list(entry.forwards.values()), {}
+    for forward in forwards:
+        forward.close()
 
 
 def clear_workdir(workdir: Path) -> None:

@@ -16,7 +16,9 @@ and network instead of getting their own:
   the image's own directories likewise become the container's root directory's
   (podrunner.py, podrunner_fs.make_root_filesystem).
 - Cluster DNS names (`*.svc`, `*.svc.cluster.local`, `host.subdomain`, a Service's name) in
-  env values, command and args become 127.0.0.1: every pod's IP is 127.0.0.1 here.
+  env values, command and args become 127.0.0.1: every process listens on all of this
+  machine's addresses (a pod's own status.podIP, podrunner_net, reaches only its forwarded
+  ports).
 """
 
 from __future__ import annotations
@@ -153,8 +155,9 @@ def format_map(values: Mapping[str, str]) -> str:
 _SUBSCRIPT = re.compile(r"^metadata\.(labels|annotations)\['(.+)'\]$")
 
 
-def field_value(pod: Mapping[str, Any], path: str) -> str:
-    """A downward API fieldRef value (the paths the kubelet supports)."""
+def field_value(pod: Mapping[str, Any], path: str, pod_ip: str = POD_IP) -> str:
+    """A downward API fieldRef value (the paths the kubelet supports); `pod_ip` is the
+    address the runner gave the pod (podrunner_net)."""
     spec, metadata = pod.get("spec") or {}, meta(pod)
     subscript = _SUBSCRIPT.match(path)
     if subscript:
@@ -168,8 +171,8 @@ def field_value(pod: Mapping[str, Any], path: str) -> str:
         # The kubelet knows these before the status says so: they are this machine's.
         "status.hostIP": POD_IP,
         "status.hostIPs": POD_IP,
-        "status.podIP": POD_IP,
-        "status.podIPs": POD_IP,
+        "status.podIP": pod_ip,
+        "status.podIPs": pod_ip,
     }
     if path in ("metadata.labels", "metadata.annotations"):
         return format_map(_labels_or_annotations(pod, path.split(".")[1]))
@@ -407,6 +410,7 @@ def container_env(
     container: Mapping[str, Any],
     sources: Sources,
     allocatable: Mapping[str, str] | None = None,
+    pod_ip: str = POD_IP,
 ) -> dict[str, str]:
     """The container's environment as the kubelet builds it (envFrom first, env overrides,
     each `value` expanded against the variables defined before it)."""
@@ -433,7 +437,7 @@ def container_env(
         source = var["valueFrom"]
         value: str | None
         if "fieldRef" in source:
-            value = field_value(pod, str(source["fieldRef"]["fieldPath"]))
+            value = field_value(pod, str(source["fieldRef"]["fieldPath"]), pod_ip)
         elif "resourceFieldRef" in source:
             value = resource_value(container, source["resourceFieldRef"], allocatable or {})
         elif "configMapKeyRef" in source:
@@ -453,6 +457,8 @@ def launch(
     entrypoints: Mapping[str, Iterable[str]],
     allocatable: Mapping[str, str] | None = None,
     container: Mapping[str, Any] | None = None,
+    *,
+    pod_ip: str = POD_IP,
 ) -> Launch:
     """A container's argv, env, working dir and mounts (paths not yet rewritten); the first
     app container unless `container` (one of the pod's, e.g. an init container) is given.
@@ -463,7 +469,7 @@ def launch(
     """
     if container is None:
         container = first_container(pod)
-    env = container_env(pod, container, sources, allocatable)
+    env = container_env(pod, container, sources, allocatable, pod_ip)
     command = [str(c) for c in container.get("command") or []]
     args = [str(a) for a in container.get("args") or []]
     if not command:

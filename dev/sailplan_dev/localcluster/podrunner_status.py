@@ -181,8 +181,10 @@ def pod_status(
     now: str,
     terminal: bool = False,
     disruption: Disruption | None = None,
+    pod_ip: str = POD_IP,
 ) -> dict[str, Any]:
-    """The pod's status document (for a strategic-merge patch of `status`)."""
+    """The pod's status document (for a strategic-merge patch of `status`); `pod_ip` is the
+    address the runner gave the pod (podrunner_net), the node's is 127.0.0.1."""
     pod_phase = phase(runs, terminal=terminal, disrupted=disruption is not None)
     previous = _transition_times(pod)
     conditions = []
@@ -204,8 +206,8 @@ def pod_status(
         "startTime": start_time,
         "hostIP": POD_IP,
         "hostIPs": [{"ip": POD_IP}],
-        "podIP": POD_IP,
-        "podIPs": [{"ip": POD_IP}],
+        "podIP": pod_ip,
+        "podIPs": [{"ip": pod_ip}],
         "conditions": conditions,
         "containerStatuses": [container_status(r) for r in runs if not r.init],
     }
