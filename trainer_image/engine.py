@@ -142,7 +142,7 @@ class Trainer:
             dp_group=self.groups.dp,
             dp_size=self.groups.dp_size,
             tp_group=self.groups.tp_handle,
-            num_micro_batches=plan.num_micro_batches,
+            num_micro_batches=plan.micro_batches_of(self.layout.replica),
         )
         # Only the stages whose layers read the micro-batch (the pipeline ends, T5's first
         # decoder block) read data; opening here fails fast on a bad URL.
@@ -270,13 +270,17 @@ class Trainer:
     def train_step(self, step: int) -> float:
         """One optimizer step; returns this pipeline's loss on the last stage (0.0 elsewhere)."""
         scale = self.precision.loss_scale
+        plan = self.plan
         loss = run_1f1b(
             self.model,
             self.comm,
-            self.plan.num_micro_batches,
+            plan.micro_batches_of(self.layout.replica),
             self._micro_batch(step),
             self.autocast if self.autocast is not None else contextlib.nullcontext(),
             after_backward=self.optimizer.after_backward,
+            # under an uneven split the pipelines run different counts: dividing each by
+            # the mean count keeps the DP average equal to the global batch's mean loss
+            loss_divisor=plan.global_batch_size / (plan.micro_batch_size * plan.data_parallel),
         )
         self.sync_shared_gradients()
         if self.precision.step_ok(self.groups.control):

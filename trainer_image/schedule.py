@@ -105,13 +105,20 @@ def run_1f1b(
     autocast: contextlib.AbstractContextManager[Any] | None = None,
     *,
     after_backward: Callable[[int], None] | None = None,
+    loss_divisor: float | None = None,
 ) -> float:
-    """One step's forwards and backwards; returns the pipeline's mean loss on the last stage.
+    """One step's forwards and backwards; returns the pipeline's loss sum over
+    `loss_divisor` (default num_micro_batches: its mean loss) on the last stage.
 
-    Gradients accumulate in the parameters' .grad, scaled by 1/num_micro_batches so that
-    they are the gradient of the mean loss over the pipeline's micro-batches.
+    Gradients accumulate in the parameters' .grad, each micro-batch's loss divided by
+    loss_divisor. With the default they are the gradient of the mean loss over the
+    pipeline's micro-batches. Under an uneven data split the engine passes the global
+    batch's micro-batches per pipeline (sum of the counts / DP), the same for every
+    pipeline, so the DP average of the pipelines' sums is the mean over the global batch,
+    as in the even split, although the pipelines ran different counts.
     `after_backward(i)` runs after the i-th micro-batch's backward (ZeRO-2 reduces there).
     """
+    divisor = float(num_micro_batches) if loss_divisor is None else loss_divisor
     layout = comm.layout
     first, last = layout.is_first_stage, layout.is_last_stage
     in_flight: deque[tuple[Tensors | None, Tensors | torch.Tensor]] = deque()
@@ -130,7 +137,7 @@ def run_1f1b(
             output = model(stage_input, batch)
         if last:
             assert isinstance(output, torch.Tensor)
-            output = output / num_micro_batches
+            output = output / divisor
             total_loss += float(output.detach())
             in_flight.append((stage_input, output))
             return ()

@@ -82,11 +82,19 @@ def settings_from_environment() -> WorkerSettings:
     except ValidationError as error:
         raise ConfigError(f"invalid plan {plan_path}: {error.errors()[0]['msg']}") from error
     try:
-        TrainerConfig.model_validate_json(config_json)
+        config = TrainerConfig.model_validate_json(config_json)
     except ValidationError as error:
         raise ConfigError(
             f"invalid trainer config {config_path}: {error.errors()[0]['msg']}"
         ) from error
+    if config.zero_stage == 2 and plan.pipeline_micro_batches is not None:
+        # ZeRO-2 reduces over the DP group after every micro-batch's backward, so replicas
+        # running different micro-batch counts would issue different collectives
+        raise ConfigError(
+            f"plan {plan_path} has an uneven data split (pipeline_micro_batches "
+            f"{list(plan.pipeline_micro_batches)}), which zero_stage 2 cannot run: set "
+            "zero_stage 0 or 1, or plan with zero_stage 2 (the planner then keeps the split even)"
+        )
     index = _int(env.WORKER_INDEX)
     workers = plan.workers()
     if not 0 <= index < len(workers):

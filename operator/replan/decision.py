@@ -190,10 +190,11 @@ def plan_request(job: TrainingJob, model: ModelSpec, cluster: ClusterSnapshot) -
 
 def same_layout(a: Plan, b: Plan) -> bool:
     """Same stages, degrees, placement and batch split: switching would change nothing."""
-    return (a.stages, a.micro_batch_size, a.num_micro_batches) == (
+    return (a.stages, a.micro_batch_size, a.num_micro_batches, a.pipeline_micro_batches) == (
         b.stages,
         b.micro_batch_size,
         b.num_micro_batches,
+        b.pipeline_micro_batches,
     )
 
 
