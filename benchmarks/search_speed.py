@@ -9,6 +9,12 @@ then not comparable). One process, no sampling. Sailor's published times are bes
     python benchmarks/search_speed.py            # all six rows
     python benchmarks/search_speed.py --only 6   # a subset (row numbers): the deep pipeline
     python benchmarks/search_speed.py --top 3    # best plan plus two alternatives
+    python benchmarks/search_speed.py --objectives   # rows 1-3 under the cost objectives
+
+`--objectives` times, on rows 1-3, the minimum cost (USD per iteration), the minimum cost
+under a throughput floor of half the row's best throughput, and the maximum throughput
+under a budget of half the fastest plan's USD/hour (the floor and budget come from an
+untimed throughput search of the same row, so they bind).
 
 Profiles: the measured Sailor artifact (A100-40, V100-16, GH200-96 for OPT-350M) when
 `../shared/reference/sailor-artifact` sits beside the checkout, else roofline estimates
@@ -28,7 +34,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from sailplan.planner.api import PlanRequest, make_plan
+from sailplan.planner.api import Objective, PlanRequest, make_plan
 from sailplan.planner.catalog import default_catalog
 from sailplan.planner.cluster import ClusterSnapshot, Pool
 from sailplan.planner.profiles.types import ProfileSet
@@ -118,10 +124,16 @@ def main() -> None:
     parser.add_argument(
         "--top", type=int, default=1, help="plans to return (1 = the best, as Sailor times it)"
     )
+    parser.add_argument(
+        "--objectives", action="store_true", help="rows 1-3 under the cost objectives instead"
+    )
     args = parser.parse_args()
     catalog = default_catalog()
     profiles, source = measured_profiles()
     model = catalog.model("OPT-350M")
+    if args.objectives:
+        objectives_table(args, profiles, source)
+        return
     table = Table(
         title=(
             f"Full search, OPT-350M (row 6: {DEEP[2]}), global batch {args.global_batch}, "
@@ -193,6 +205,80 @@ def main() -> None:
         f"peak RSS of the process {rss:.0f} MiB; load average before {load_before:.2f}, "
         f"after {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
     )
+
+
+def objectives_table(args: argparse.Namespace, profiles: ProfileSet | None, source: str) -> None:
+    """Rows 1-3 under the cost objectives (see the module docstring)."""
+    catalog = default_catalog()
+    model = catalog.model("OPT-350M")
+    table = Table(
+        title=(
+            f"Cost objectives, OPT-350M, global batch {args.global_batch}, top {args.top}; "
+            f"profiles: {source}"
+        )
+    )
+    for column in (
+        "#",
+        "cluster",
+        "objective",
+        "wall s",
+        "CPU s",
+        "best plan",
+        "samples/s",
+        "USD/it",
+    ):
+        table.add_column(column)
+    rows = args.only or [1, 2, 3]
+    for row in rows:
+        label, spec, _ = CLUSTERS[row - 1]
+        snapshot = cluster(spec)
+        fastest = make_plan(
+            PlanRequest(
+                model=model, global_batch_size=args.global_batch, cluster=snapshot, top_k=1
+            ),
+            profiles,
+            catalog,
+        )
+        assert fastest.status == "planned" and fastest.best.predictions is not None
+        best = fastest.best.predictions
+        objectives = [
+            ("min cost", Objective(kind="cost")),
+            (
+                f"min cost, >= {best.samples_per_second / 2:.1f} samples/s",
+                Objective(kind="cost", min_samples_per_second=best.samples_per_second / 2),
+            ),
+            (
+                f"max throughput, <= {best.usd_per_hour / 2:.2f} USD/h",
+                Objective(kind="throughput", max_usd_per_hour=best.usd_per_hour / 2),
+            ),
+        ]
+        for name, objective in objectives:
+            request = PlanRequest(
+                model=model,
+                global_batch_size=args.global_batch,
+                cluster=snapshot,
+                top_k=args.top,
+                objective=objective,
+            )
+            wall, cpu = time.perf_counter(), time.process_time()
+            result = make_plan(request, profiles, catalog)
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            if result.status == "planned" and result.best.predictions is not None:
+                plan, predicted = result.best, result.best.predictions
+                shape = (
+                    f"P{plan.pipeline_depth} x DP{plan.data_parallel}, "
+                    f"mbs {plan.micro_batch_size}, {plan.world_size} GPUs"
+                )
+                rate, usd = (
+                    f"{predicted.samples_per_second:.1f}",
+                    f"{predicted.usd_per_iteration:.4f}",
+                )
+            else:
+                shape, rate, usd = f"infeasible: {result.code}", "-", "-"
+            table.add_row(str(row), label, name, f"{wall:.2f}", f"{cpu:.2f}", shape, rate, usd)
+    console = Console(width=170)
+    console.print(table)
+    console.print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
 
 
 if __name__ == "__main__":

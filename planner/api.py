@@ -67,6 +67,14 @@ class PlanRequest(BaseModel):
     micro_batch_sizes: tuple[int, ...] | None = Field(
         default=None, description="restrict the micro-batch sizes searched; None = all that divide"
     )
+    uneven_data_split: bool = Field(
+        default=True,
+        description=(
+            "let pipelines on faster GPUs take more of the global batch (Plan."
+            "pipeline_micro_batches; search/uneven.py); False = every pipeline runs the same "
+            "count, for a runtime that cannot split unevenly. zero_stage 2 keeps it even"
+        ),
+    )
     deadline_seconds: float | None = Field(
         default=None,
         gt=0,

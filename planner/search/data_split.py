@@ -5,9 +5,10 @@ the global batch makes every pipeline wait for the slowest one at the gradient a
 Giving each pipeline micro-batches in proportion to its speed (Plan.pipeline_micro_batches)
 lets the fast ones do more of the batch. `balance_data_split` turns an even plan with
 mixed replicas into that split when simulate() predicts it faster and every stage still
-fits in memory, and says why in the plan's reason. The search does not call it yet: it
-prunes mixed-speed stages under the even split before they could be balanced, so the
-split has to become part of the stage DP's cost before the planner can choose it.
+fits in memory, and says why in the plan's reason: for a plan someone already has (a
+file, a Sailor plan). The search finds such plans itself, with the split priced in before
+anything is pruned (search/uneven.py, which uses its optimal min-max counts rather than
+these proportional ones).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from sailplan.planner.api import Infeasible, Planned, PlanRequest, PlanResult
 from sailplan.planner.catalog import Catalog
 from sailplan.planner.plan import Plan, Stage
 from sailplan.planner.profiles.types import ProfileSet
-from sailplan.planner.search import stagedp
+from sailplan.planner.search import stagedp, uneven
 from sailplan.planner.search.capacity import CapacityModel, KindServers, TypeServers
 from sailplan.planner.search.explain import describe_inputs, reasons
 from sailplan.planner.search.objective import Goal, TopK
@@ -506,7 +506,41 @@ class Search:
                 seeds.append((mbs, dp, [keys[i] for i in chosen], [tables[i] for i in chosen]))
         self._pass(seeds)
         self._pass(prepared)
+        uneven_ok = (
+            self.request.uneven_data_split
+            and self.request.zero_stage != 2
+            and self.request.objective.kind in ("throughput", "cost")
+        )
+        if len(self.gpu_types) > 1 and uneven_ok:
+            # the trainer's ZeRO-2 reduces per micro-batch: its pipelines cannot split unevenly
+            self._uneven_pass([(mbs, dp) for mbs, dp, _, _ in prepared])
         return self.top.plans()
+
+    def _uneven_pass(self, prepared: list[tuple[int, int]]) -> None:
+        """Plans whose pipelines run on two GPU types with the batch split by speed
+        (uneven.py), priced with the split rather than at the slow type's pace."""
+
+        def offer(plan: Plan) -> None:
+            self.stats.simulated += 1
+            if plan.predictions is not None and self.goal.satisfied(plan.predictions):
+                self.top.offer(self.goal.value(plan.predictions), plan)
+
+        uneven.UnevenPass(
+            context=self.context,
+            pools=self.pools,
+            prices=self.prices,
+            tensor_parallel_degrees=self._tensor_parallel_degrees,
+            representative=self._representative,
+            value_lower=self.goal.value_lower,
+            time_limit_ok=lambda t, usd: self.goal.time_limit(float("inf"), usd) >= t,
+        ).run(
+            prepared,
+            max_depth=min(self.num_layers, self.request.max_pipeline_depth or self.num_layers),
+            batch=self.request.global_batch_size,
+            kth=self.top.kth,
+            offer=offer,
+            out_of_time=self._out_of_time,
+        )
 
     def _pass(self, prepared: list[tuple[int, int, list[_KindKey], list[KindTables]]]) -> None:
         batch = self.request.global_batch_size
@@ -734,6 +768,19 @@ class Search:
                 min(self.top.kth(), cap), capacity.usd_per_hour_lower(usage)
             )
 
+        # every stage still to come takes at least dp GPUs at the cheapest price: a cost
+        # limit from the GPUs used so far alone lets a deep pipeline's first stages run on
+        # almost unpruned (the cost search's DPs spent most of their time there)
+        floor = dp * min(self.prices)
+
+        def limit_ahead(usage: tuple[int, ...], after: int) -> float:
+            return self.goal.time_limit(
+                min(self.top.kth(), cap), capacity.usd_per_hour_lower(usage) + after * floor
+            )
+
+        kind = self.request.objective.kind
+        priced = kind == "cost" or (kind == "throughput" and self._priced_constraints())
+        ahead = limit_ahead if priced else None
         if self.request.objective.kind == "throughput" and not self._priced_constraints():
             # the time limit does not depend on the price: skip the per-usage pricing
             def limit(usage: tuple[int, ...]) -> float:
@@ -744,6 +791,7 @@ class Search:
             **group.dp_args,
             "depth": depth,
             "expired": self._out_of_time if self.deadline is not None else None,
+            "limit_ahead": ahead,
         }
         cached = len(group.spreads)
         try:
@@ -834,7 +882,13 @@ def search(request: PlanRequest, profiles: ProfileSet, catalog: Catalog) -> Plan
     inputs = describe_inputs(plans, engine.context, request.cluster.content_hash())
     explained = reasons(plans, engine.goal)
     finished = [
-        p.model_copy(update={"inputs": inputs[i], "reason": explained[i]})
+        # an uneven split's own reason (uneven.describe) follows the ranking's
+        p.model_copy(
+            update={
+                "inputs": inputs[i],
+                "reason": "; ".join(filter(None, [explained[i], p.reason])),
+            }
+        )
         for i, p in enumerate(plans)
     ]
     return Planned(

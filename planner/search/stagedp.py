@@ -143,6 +143,7 @@ def _usage_entry(
     no_spread: list[float],
     work_bounds: Sequence[tuple[WorkRows, Weighting]] = (),
     spread_cache: dict[tuple[Usage, int], Sequence[float]] | None = None,
+    limit_ahead: Callable[[Usage, int], float] | None = None,
 ) -> tuple[float, Sequence[float]] | None:
     """A grown usage's time limit and, per end layer, the least cycle the stages still to
     come force (None: the usage can never be served or can never matter).
@@ -152,7 +153,7 @@ def _usage_entry(
     for the DPs of the other depths."""
     if not usage_ok(usage):
         return None
-    bound = limit(usage)
+    bound = limit(usage) if limit_ahead is None else limit_ahead(usage, stages_after)
     if bound <= 0:
         return None
     if not stages_after:
@@ -273,6 +274,7 @@ def solve(
     expired: Callable[[], bool] | None = None,
     work_bounds: Sequence[tuple[WorkRows, Weighting]] = (),
     spread_cache: dict[tuple[Usage, int], Sequence[float]] | None = None,
+    limit_ahead: Callable[[Usage, int], float] | None = None,
 ) -> list[DPResult]:
     """Minimum iteration time per feasible (usage, last kind) for a P = depth pipeline.
 
@@ -293,6 +295,10 @@ def solve(
     work_bounds: the capacity-aware work bound (WorkRows) per GPU-type weighting; each
     weighting must satisfy Weighting's condition. spread_cache: a dict the caller keeps
     across the depths of calls with the same arguments but depth, limit and expired.
+    limit_ahead(usage, r), when given, replaces limit for a usage with r stages still to
+    come: the time limit knowing those stages use GPUs too (under a cost objective the
+    price of the GPUs a plan will use at least, not only of those used so far); it must
+    equal limit at r = 0 and not increase as a stage is added.
     """
     m1 = micro_batches - 1
     # python lists: the loops below index single entries, much faster than numpy scalars
@@ -361,6 +367,7 @@ def solve(
                         no_spread=no_spread,
                         work_bounds=work_bounds,
                         spread_cache=spread_cache,
+                        limit_ahead=limit_ahead,
                     )
                 if entry is None:
                     continue
