@@ -93,8 +93,14 @@ class TopK:
 
     def offer(self, value: float, plan: Plan) -> None:
         key = layout_key(plan)
-        if any(existing_key == key for _, existing_key, _ in self.entries):
-            return
+        for index, (existing_value, existing_key, _) in enumerate(self.entries):
+            if existing_key == key:
+                # the same layout scores the same, unless it comes again with an uneven
+                # data split (search/uneven.py), which is kept only when it is better
+                if value >= existing_value:
+                    return
+                del self.entries[index]
+                break
         bisect.insort(self.entries, (value, key, plan), key=lambda e: (e[0], e[1]))
         del self.entries[self.k :]
 

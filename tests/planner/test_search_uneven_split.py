@@ -31,6 +31,7 @@ from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.plan import Plan
 from sailplan.planner.profiles.types import ProfileSet
 from sailplan.planner.search import plan as search
+from sailplan.planner.search.objective import TopK
 from sailplan.planner.simulator import PlanningContext, simulate
 
 BATCH = 8
@@ -133,3 +134,28 @@ def test_cost_objective_prices_the_split(objective: Objective) -> None:
         types = [best.stages[0].replicas[r].gpu_type for r in range(best.data_parallel)]
         by_type = dict(zip(types, best.pipeline_micro_batches, strict=True))
         assert by_type[FAST] > by_type[SLOW]
+
+
+def test_top_k_keeps_the_better_split_of_one_layout() -> None:
+    """The same placement may reach the top k twice: from the even-split DP and from the
+    uneven pass. One entry per layout, the better of the two."""
+    model = tiny_model(blocks=3)
+    snapshot = cluster(pool(FAST, "us-central1-a", 2), pool(SLOW, "us-central1-a", 2))
+    profiles = profile_set(model, [FAST, SLOW], compute_profiles(model, {FAST: 1.0, SLOW: 2.5}))
+    uneven = _best(snapshot, profiles, model)
+    even = Plan.model_validate(
+        uneven.model_dump()
+        | {
+            "pipeline_micro_batches": None,
+            "num_micro_batches": BATCH // (uneven.micro_batch_size * uneven.data_parallel),
+            "predictions": None,
+        }
+    )
+    top = TopK(2)
+    top.offer(2.0, even)
+    top.offer(1.0, uneven)
+    assert top.plans() == [uneven]
+    top = TopK(2)
+    top.offer(1.0, even)
+    top.offer(2.0, uneven)
+    assert top.plans() == [even]
