@@ -121,6 +121,37 @@ class Kube:
         items: list[dict[str, Any]] = body.get("items", [])
         return items
 
+    def provisioning_requests_served(self) -> bool:
+        """Whether the API server serves ProvisioningRequests (their CRD is installed)."""
+        try:
+            self.custom.list_cluster_custom_object(
+                provisioning.GROUP,
+                provisioning.VERSION,
+                provisioning.PLURAL,
+                limit=1,
+                _preload_content=False,
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    def delete_provisioning_request(self, body: Mapping[str, Any]) -> None:
+        """Delete one of the operator's requests and the PodTemplates it references."""
+        metadata = body["metadata"]
+        namespace = metadata["namespace"]
+        self._unless_gone(
+            self.custom.delete_namespaced_custom_object,
+            provisioning.GROUP,
+            provisioning.VERSION,
+            namespace,
+            provisioning.PLURAL,
+            metadata["name"],
+        )
+        for template in provisioning.pod_template_names(body):
+            self._unless_gone(self.core.delete_namespaced_pod_template, template, namespace)
+
     def list_unbound_workers(self) -> list[dict[str, Any]]:
         """Every namespace's worker pods not bound to a node yet: the capacity other jobs'
         plans reserve, read fresh (a watch may not have delivered a pod created just now)."""

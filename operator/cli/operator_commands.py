@@ -70,6 +70,14 @@ def run_command(  # noqa: PLR0917 (typer maps each parameter to an option)
     ] = None,
     log_format: Annotated[str, typer.Option(help="json or plain")] = "json",
     verbose: Annotated[bool, typer.Option(help="debug logging")] = False,
+    resync_seconds: Annotated[
+        float,
+        typer.Option(
+            min=1,
+            help="seconds between level-triggered passes over every job and pool (a missed "
+            "event's safety net)",
+        ),
+    ] = 60.0,
     restart_pod_start_seconds: Annotated[
         float,
         typer.Option(
@@ -135,6 +143,7 @@ def run_command(  # noqa: PLR0917 (typer maps each parameter to an option)
         namespaces=tuple(namespace or ()),
         profile_namespace=profile_namespace,
         metrics_port=None if leader_elect else metrics_port or None,
+        resync_seconds=resync_seconds,
         replan=ReplanConfig(
             restart=RestartCostModel(
                 teardown_seconds=restart_teardown_seconds,

@@ -132,7 +132,8 @@ async def apply_outcome(
                 status=outcome.status.model_copy(
                     update={"conditions": set_condition(outcome.status.conditions, condition, now)}
                 ),
-                # A request's status changes without an event the operator watches: poll.
+                # Polled as well: the watch on requests needs their CRD at the operator's
+                # start (controller.registration).
                 requeue_after=min(
                     outcome.requeue_after or CAPACITY_POLL_SECONDS, CAPACITY_POLL_SECONDS
                 ),
@@ -217,7 +218,20 @@ async def _gate_on_capacity(
     for request in requests:
         for template in request.pod_templates:
             await run_blocking(kube.create, template)
-        if await run_blocking(kube.create_provisioning_request, request.request):
+        try:
+            created = await run_blocking(kube.create_provisioning_request, request.request)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            # No ProvisioningRequest CRD: the job says so instead of a pass that fails.
+            failed.append(
+                f"{request.gpupool}/{request.zone}: the API server does not serve "
+                f"{provisioning.PLURAL}.{provisioning.GROUP}; install that CRD (GKE's queued "
+                "provisioning or the cluster autoscaler brings it) or remove "
+                f"spec.autoscaling.provisioningRequest from GPUPool {request.gpupool}"
+            )
+            continue
+        if created:
             events.append(
                 KubeEvent(
                     "Normal",

@@ -7,6 +7,9 @@ never computes a status from a half-listed cluster). TrainingJob, profiling-Job 
 worker-pod events put the job on the runtime's work queue, so a failed or preempted worker
 is replanned for within a second. The profile store's ConfigMaps (labelled, in the profile
 namespace, filtered by the API server) are indexed parsed, and a change wakes every job.
+The operator's ProvisioningRequests are indexed where their CRD is installed at start (Kopf
+serves no resource it did not discover then, and logs so): a change of one, Provisioned or
+Failed, refreshes the pools and wakes its job at once.
 The liveness probe reports the runtime's background tasks (supervision).
 
 No finalizers: children are owned through ownerReferences and the garbage collector
@@ -32,7 +35,7 @@ from sailplan.operator.controller.supervision import register_liveness_probe
 from sailplan.operator.kube import Kube
 from sailplan.operator.profilestore import ParsedConfigMap
 from sailplan.operator.profiling.jobs import ROLE_PROFILER
-from sailplan.operator.reconcile import naming
+from sailplan.operator.reconcile import naming, provisioning
 from sailplan.operator.reconcile.nodes import (
     WAITING,
     GpuIndexKey,
@@ -49,7 +52,7 @@ log = logging.getLogger("sailplan.operator")
 
 EVENT_SOURCE = "sailplan-operator"  # the Events' source (`kubectl describe`'s From column)
 # The Kopf indices the runtime reads (ids of the @kopf.index handlers below).
-INDICES = ("nodes", "gpus", "priorities", "pools", "profiles")
+INDICES = ("nodes", "gpus", "priorities", "pools", "profiles", "capacity")
 
 
 def connection_info(
@@ -109,6 +112,8 @@ def build_registry(config: OperatorConfig, api_client: client.ApiClient) -> kopf
         )
         if config.metrics_port:
             metrics.serve(config.metrics_port)
+        # Before Kopf discovers resources (it does after startup): the same answer.
+        await runtime.discover_capacity_requests()
 
     @kopf.on.cleanup(id="cleanup", registry=registry)
     async def cleanup(**_: Any) -> None:
@@ -166,6 +171,19 @@ def build_registry(config: OperatorConfig, api_client: client.ApiClient) -> kopf
         for problem in parsed.problems if fresh else ():
             log.warning("profile store: document skipped", extra={"problem": problem})
         return {name: parsed}
+
+    @kopf.index(
+        provisioning.GROUP,
+        provisioning.PLURAL,
+        id="capacity",
+        registry=registry,
+        labels={naming.LABEL_ROLE: provisioning.ROLE_CAPACITY, naming.LABEL_JOB: kopf.PRESENT},
+    )
+    async def capacity(
+        body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any
+    ) -> dict[tuple[str, str], dict[str, Any]]:
+        # (namespace, job) -> the operator's ProvisioningRequests for that job.
+        return {(namespace or "", labels[naming.LABEL_JOB]): dict(body)}
 
     def handling(kwargs: dict[str, Any]) -> None:
         """Every handler's first step: indices to the runtime (Kopf passes the same live
@@ -244,6 +262,22 @@ def build_registry(config: OperatorConfig, api_client: client.ApiClient) -> kopf
     )
     async def worker_changed(labels: kopf.Labels, namespace: str | None, **kwargs: Any) -> None:
         handling(kwargs)
+        runtime.queue.enqueue((namespace or "", labels[naming.LABEL_JOB]))
+
+    @kopf.on.event(
+        provisioning.GROUP,
+        provisioning.PLURAL,
+        id="capacity-request-changed",
+        registry=registry,
+        labels={naming.LABEL_ROLE: provisioning.ROLE_CAPACITY, naming.LABEL_JOB: kopf.PRESENT},
+        when=lambda namespace, **_: _serves(config, namespace),
+    )
+    async def capacity_request_changed(
+        labels: kopf.Labels, namespace: str | None, **kwargs: Any
+    ) -> None:
+        # Failed backs its zone off (the pool refresh) and the job replans; Provisioned
+        # lets the job create its workers: both now, not at the next poll.
+        await kick_pools(kwargs)
         runtime.queue.enqueue((namespace or "", labels[naming.LABEL_JOB]))
 
     return registry

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from sailplan.operator import metrics
 from sailplan.operator.api import gpupool as pool_api
 from sailplan.operator.api import trainingjob as job_api
+from sailplan.operator.api.common import find_condition
 from sailplan.operator.api.gpupool import GPUPool
 from sailplan.operator.controller.apply import JobRef, apply_outcome, collect_results
 from sailplan.operator.controller.blocking import run_blocking
@@ -36,17 +37,25 @@ from sailplan.operator.controller.observation import (
     read_nodes,
     read_profiles,
 )
-from sailplan.operator.controller.queue import Coalesced, JobKey, WorkQueue
+from sailplan.operator.controller.queue import (
+    CapacityTurns,
+    Coalesced,
+    JobKey,
+    Rank,
+    WorkQueue,
+    held_back_by,
+)
 from sailplan.operator.controller.supervision import Supervisor
 from sailplan.operator.kube import Kube
 from sailplan.operator.planning import PlanningService
 from sailplan.operator.profilestore import ProfileStore
 from sailplan.operator.reconcile.gpupool import pool_status
-from sailplan.operator.reconcile.naming import LABEL_ROLE
+from sailplan.operator.reconcile.naming import LABEL_JOB, LABEL_ROLE
 from sailplan.operator.reconcile.nodes import NodeInfo, pod_gpu_reservation
 from sailplan.operator.reconcile.provisioning import (
     ROLE_CAPACITY,
     request_reservations,
+    stale_requests,
     waiting_requests,
 )
 from sailplan.operator.reconcile.scaleup import next_change
@@ -62,6 +71,8 @@ from sailplan.operator.reconcile.trainingjob import (
 log = logging.getLogger("sailplan.operator")
 
 
+# How soon a job held back behind a higher-ranked job's search looks again.
+HOLD_BACK_SECONDS = 2.0
 # The operator's ProvisioningRequests (reconcile.provisioning), in every namespace.
 CAPACITY_REQUEST_SELECTOR = f"{LABEL_ROLE}={ROLE_CAPACITY}"
 
@@ -84,12 +95,21 @@ class Runtime:
     queue: WorkQueue = field(init=False)
     pools: Coalesced = field(init=False)
     _stopping: bool = field(default=False, init=False)
-    capacity_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
+    # One pass at a time reads capacity and creates pods, best rank first.
+    turns: CapacityTurns = field(default_factory=CapacityTurns, init=False)
+    # Each job's rank from its last pass: (-priority, creation time, namespace, name).
+    ranks: dict[JobKey, Rank] = field(default_factory=dict, init=False)
+    # Jobs without worker pods whose plan search is under way: they may still claim the
+    # capacity, so a worse-ranked job without pods holds back meanwhile.
+    contenders: dict[JobKey, Rank] = field(default_factory=dict, init=False)
     _pool_timer: asyncio.TimerHandle | None = field(default=None, init=False)
+    # ProvisioningRequests come from the "capacity" index where their CRD was installed at
+    # start; else from a list per pass (a CRD installed later, or none: an empty list).
+    capacity_indexed: bool = field(default=False, init=False)
     _timed_refreshes: set[asyncio.Task[None]] = field(default_factory=set, init=False)
 
     def __post_init__(self) -> None:
-        self.queue = WorkQueue(self.reconcile_job, self.config.retry)
+        self.queue = WorkQueue(self.reconcile_job, self.config.retry, self.rank)
         self.pools = Coalesced(self.refresh_pools)
 
     # -- planning ------------------------------------------------------------------------
@@ -134,9 +154,7 @@ class Runtime:
                         "GPUPool does not parse", extra={"gpupool": name, "error": str(error)}
                     )
         # A request that waits (or failed) keeps its zone waiting like an unbound worker.
-        requests = await run_blocking(
-            self.kube.list_provisioning_requests, CAPACITY_REQUEST_SELECTOR
-        )
+        requests = await self.capacity_requests()
         timeouts = {
             name: pool.spec.autoscaling.provisioning_timeout_seconds
             for name, pool in pools
@@ -225,6 +243,8 @@ class Runtime:
     def forget_job(self, key: JobKey) -> None:
         self.planning.cancel(*key)  # a deleted job's search only burns a core
         self.jobs.discard(key)
+        self.ranks.pop(key, None)
+        self.contenders.pop(key, None)
         self.pod_phases.pop(key, None)
         metrics.publish_pod_phases(self.pod_phases.values())
 
@@ -234,7 +254,21 @@ class Runtime:
 
         return requeue_after
 
+    def rank(self, key: JobKey) -> Rank:
+        """Who goes first when jobs compete for capacity: higher priority, then the older,
+        then by namespace and name (a job not seen yet: after its equals)."""
+        return self.ranks.get(key, (0, "~", key[0], key[1]))
+
     async def reconcile_job(self, key: JobKey) -> None:
+        # Announced before the first await: passes dequeued together (in rank order) take
+        # their capacity turns in rank order, however quick each one's reads are.
+        self.turns.announce(key, self.rank(key))
+        try:
+            await self._reconcile_job(key)
+        finally:
+            self.turns.withdraw(key)
+
+    async def _reconcile_job(self, key: JobKey) -> None:
         namespace, name = key
         body = await run_blocking(self.kube.get_job, namespace, name)
         if body is None:
@@ -272,21 +306,29 @@ class Runtime:
             self.indices.get("profiles"),
             self.config.profile_namespace,
         )
+        priority = await self._job_priority(parsed.job)
+        created = str((body.get("metadata") or {}).get("creationTimestamp") or "~")
+        rank = self.ranks[key] = (-priority, created, namespace, name)
         # One job at a time from reading capacity to creating its pods: the next job's
         # pass then reads those pods as reserved, so two jobs never plan onto the same GPUs.
-        async with self.capacity_lock:
+        async with self.turns.turn(key, rank):
             observed = await observe(self.kube, parsed.job, measured, nodes)
+            ahead = held_back_by(key, rank, self.contenders) if not observed.pods else None
+            if ahead is not None:
+                log.info(
+                    "waiting for a higher-ranked job's plan search",
+                    extra={"namespace": namespace, "trainingjob": name, "behind": "/".join(ahead)},
+                )
+                self._requeue_later(key)(HOLD_BACK_SECONDS)
+                return
             unbound = await run_blocking(self.kube.list_unbound_workers)
             reservations = [r for r in map(pod_gpu_reservation, unbound) if r is not None]
             # Workers withheld until their ProvisioningRequest is Provisioned reserve too.
-            requests = await run_blocking(
-                self.kube.list_provisioning_requests, CAPACITY_REQUEST_SELECTOR
-            )
+            requests = await self.capacity_requests()
             reservations += request_reservations(requests)
             observed = dataclasses.replace(
                 observed, pools=with_reservations(observed.pools, reservations)
             )
-            priority = await self._job_priority(parsed.job)
             if priority > 0:
                 # Nodes only lower-priority pods hold count as free: the scheduler preempts
                 # them for this job's workers.
@@ -317,6 +359,17 @@ class Runtime:
                     and pool.spec.autoscaling.provisioning_request is not None
                 },
             )
+            await self._drop_stale_requests(key, requests, outcome)
+            searching = find_condition(outcome.status.conditions, job_api.COND_PLANNING)
+            if (
+                searching is not None
+                and searching.status == "True"
+                and not observed.pods
+                and not any(o["kind"] == "Pod" for o in outcome.create)
+            ):
+                self.contenders[key] = rank
+            else:
+                self.contenders.pop(key, None)
         if outcome.collect and await collect_results(
             self.kube, ref, outcome.collect, self.config.profile_namespace
         ):
@@ -329,6 +382,56 @@ class Runtime:
             "Failed": workers.failed,
         }
         metrics.publish_pod_phases(self.pod_phases.values())
+
+    async def discover_capacity_requests(self) -> None:
+        """Whether ProvisioningRequests are served, asked once at start as Kopf does."""
+        try:
+            self.capacity_indexed = await run_blocking(self.kube.provisioning_requests_served)
+        except ApiException as error:
+            log.warning("ProvisioningRequests not readable", extra={"status_code": error.status})
+            self.capacity_indexed = False
+
+    async def capacity_requests(self) -> list[dict[str, Any]]:
+        """The operator's ProvisioningRequests in every namespace."""
+        index = self.indices.get("capacity")
+        if self.capacity_indexed and index is not None:
+            return [dict(body) for store in index.values() for body in store]
+        return await run_blocking(self.kube.list_provisioning_requests, CAPACITY_REQUEST_SELECTOR)
+
+    async def _drop_stale_requests(
+        self, key: JobKey, requests: list[dict[str, Any]], outcome: Outcome
+    ) -> None:
+        """Delete the job's requests that its current plan does not consume (an earlier
+        generation's, or all once it ended), so nothing it no longer needs stays booked."""
+        if not outcome.managed or outcome.delete_job:
+            return
+        namespace, name = key
+        mine = [
+            r
+            for r in requests
+            if (r.get("metadata") or {}).get("namespace") == namespace
+            and ((r.get("metadata") or {}).get("labels") or {}).get(LABEL_JOB) == name
+        ]
+        status = outcome.status
+        active = status.phase not in (
+            job_api.PHASE_SUCCEEDED,
+            job_api.PHASE_FAILED,
+            job_api.PHASE_SUSPENDED,
+            job_api.PHASE_INVALID,
+        )
+        generation = status.plan.generation if status.plan is not None else None
+        for body in stale_requests(
+            mine, generation=generation, attempt=status.attempt, active=active
+        ):
+            log.info(
+                "deleting a ProvisioningRequest no current plan consumes",
+                extra={
+                    "namespace": namespace,
+                    "trainingjob": name,
+                    "provisioningrequest": body["metadata"]["name"],
+                },
+            )
+            await run_blocking(self.kube.delete_provisioning_request, body)
 
     async def _job_priority(self, job: job_api.TrainingJob) -> int:
         """The value of the PriorityClass the job's workers get (0 without one or when it

@@ -9,9 +9,11 @@ half its nodes while waiting for the rest. The workers carry the annotations tha
 autoscaler to place them on the capacity the request booked.
 
 Pure: `capacity_requests` renders the objects from the worker pods the reconcile rendered,
-`request_state` reads a request's conditions. controller/apply.py creates the requests and
-withholds the workers of a request that is not Provisioned; controller/runtime.py counts a
-request that waits or failed against its zone like a waiting worker (reconcile.scaleup).
+`request_state` reads a request's conditions, `stale_requests` names the ones no current
+plan needs. controller/apply.py creates the requests and withholds the workers of a request
+that is not Provisioned; controller/runtime.py counts a request that waits or failed against
+its zone like a waiting worker (reconcile.scaleup) and deletes the stale ones; a change of a
+request's conditions reaches the job and the pools through a watch (controller/registration).
 """
 
 from __future__ import annotations
@@ -210,3 +212,35 @@ def request_reservations(bodies: Sequence[Mapping[str, Any]]) -> list[tuple[str,
         if gpupool and zone and gpus > 0 and request_state(body)[0] == "Pending":
             out.append((str(gpupool), str(zone), gpus))
     return out
+
+
+def stale_requests(
+    bodies: Sequence[Mapping[str, Any]], *, generation: int | None, attempt: int, active: bool
+) -> list[Mapping[str, Any]]:
+    """The requests among one job's `bodies` that no worker of its current plan will
+    consume: every one of another plan generation or attempt than (`generation`,
+    `attempt`), and all of them once the job is not `active` (finished, suspended, no
+    plan). Deleting them un-pins their capacity (the autoscaler drops the booking, an
+    unused node scales down). Sorted by name."""
+    out = []
+    for body in bodies:
+        labels = (body.get("metadata") or {}).get("labels") or {}
+        current = (
+            active
+            and generation is not None
+            and labels.get(naming.LABEL_GENERATION) == str(generation)
+            and labels.get(naming.LABEL_ATTEMPT) == str(attempt)
+        )
+        if not current:
+            out.append(body)
+    return sorted(out, key=lambda b: str((b.get("metadata") or {}).get("name", "")))
+
+
+def pod_template_names(body: Mapping[str, Any]) -> list[str]:
+    """The PodTemplates a request's pod sets reference (created with it, deleted with it)."""
+    pod_sets = (body.get("spec") or {}).get("podSets") or []
+    return [
+        str(ref["name"])
+        for ref in (s.get("podTemplateRef") or {} for s in pod_sets)
+        if ref.get("name")
+    ]

@@ -76,7 +76,9 @@ def operator(
     tmp_path: Path,
     request: pytest.FixtureRequest,
 ) -> Iterator[OperatorProcess]:
-    running = OperatorProcess(kubeconfig, namespace, tmp_path / "operator.log")
+    # Extra command-line arguments: @pytest.mark.parametrize("operator", [(...)], indirect=True)
+    extra = tuple(getattr(request, "param", ()))
+    running = OperatorProcess(kubeconfig, namespace, tmp_path / "operator.log", *extra)
     running.start()
     try:
         yield running

@@ -431,11 +431,27 @@ def test_workers_wait_for_their_provisioning_request_and_start_once_it_is_provis
                 [(p.metadata.name, p.status.phase) for p in pods_of(k8s_api, namespace, "dws")]
             ),
         )
-        wait_phase(k8s_api, namespace, "dws", {"Running"}, 60)
+        job = wait_phase(k8s_api, namespace, "dws", {"Running"}, 60)
+        # An interim first plan's request is deleted once the answer replaced it.
+        generation = str(job["status"]["plan"]["generation"])
+        wait_for(
+            "only the current plan's request left",
+            lambda: (
+                {
+                    r["metadata"]["labels"]["sailplan.dev/plan-generation"]
+                    for r in capacity_requests_of(k8s_api, namespace, "dws")
+                }
+                == {generation}
+            ),
+            60,
+        )
     finally:
         release_then_reset(k8s_api, namespace, local_cluster)
 
 
+# A resync far past the test: the zone's backoff and the replan can only come from the
+# operator's watch on ProvisioningRequests (no worker pod exists to send an event).
+@pytest.mark.parametrize("operator", [("--resync-seconds", "3600")], indirect=True)
 @pytest.mark.usefixtures("provisioning_request_crd")
 def test_a_failed_provisioning_request_backs_its_zone_off_and_the_job_moves(
     k8s_api: Any,
@@ -478,11 +494,10 @@ def test_a_failed_provisioning_request_backs_its_zone_off_and_the_job_moves(
         reason="OutOfResources",
         message="GCE_STOCKOUT in us-central1-a",
     )
-    # The GPUPool refresh reads requests on node and pod events and at the resync (60 s).
     wait_for(
         "the zone backed off",
         lambda: scale_up_backed_off(k8s_api, pool),
-        150,
+        60,
         lambda: str(pool_status(k8s_api, pool)),
     )
 
@@ -492,3 +507,16 @@ def test_a_failed_provisioning_request_backs_its_zone_off_and_the_job_moves(
         150,
         lambda: str((get_job(k8s_api, namespace, "fails").get("status") or {}).get("conditions")),
     )
+    # The new plan consumes no request: the failed one is deleted, with its PodTemplates.
+    wait_for(
+        "the earlier plan's ProvisioningRequest deleted",
+        lambda: not capacity_requests_of(k8s_api, namespace, "fails"),
+        60,
+        lambda: str(
+            [r["metadata"]["name"] for r in capacity_requests_of(k8s_api, namespace, "fails")]
+        ),
+    )
+    templates = client.CoreV1Api(k8s_api).list_namespaced_pod_template(
+        namespace, label_selector="sailplan.dev/job=fails"
+    )
+    assert not templates.items

@@ -1,6 +1,8 @@
 """Priorities with the real scheduler: a higher-priority TrainingJob plans on the GPUs a
 lower-priority job holds, the scheduler preempts that job's workers for it, and the
-preempted job is left without them (it replans onto what remains, here nothing)."""
+preempted job is left without them (it replans onto what remains, here nothing); and when
+capacity frees up for two waiting jobs, the higher-priority one plans first, though the
+other is older and first by name."""
 
 from __future__ import annotations
 
@@ -98,5 +100,61 @@ def test_a_higher_priority_job_takes_the_gpus_of_a_lower_one_which_replans(
                 [(p.metadata.name, p.status.phase) for p in pods_of(k8s_api, namespace, "low")]
             ),
         )
+    finally:
+        release_then_reset(k8s_api, namespace, local_cluster)
+
+
+@pytest.mark.usefixtures("operator")
+def test_when_capacity_comes_the_higher_priority_waiting_job_plans_first(
+    k8s_api: Any,
+    namespace: str,
+    gpupools: Callable[..., str],
+    local_cluster: Any,
+    priority_classes: tuple[str, str],
+) -> None:
+    low, high = priority_classes
+    node_pool = f"order-{uuid.uuid4().hex[:6]}"
+    pool = gpupools(node_pool, gpuType="A100-40")  # no node yet: both jobs wait
+    custom = client.CustomObjectsApi(k8s_api)
+
+    def unschedulable(job: str) -> bool:
+        return (get_job(k8s_api, namespace, job).get("status") or {}).get(
+            "phase"
+        ) == "Unschedulable"
+
+    # The low-priority job is the older one and first by name: only priority puts the
+    # other first.
+    custom.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        "trainingjobs",
+        with_priority(job_body(namespace, "a-low", [pool]), low),
+    )
+    wait_for("the low-priority job waiting", lambda: unschedulable("a-low"), 120)
+    custom.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        "trainingjobs",
+        with_priority(job_body(namespace, "b-high", [pool]), high),
+    )
+    wait_for("the high-priority job waiting", lambda: unschedulable("b-high"), 120)
+    try:
+        # One node of 4 A100s: room for one job's plan.
+        local_cluster.add_nodes([node_manifest(grown_pool(node_pool), ZONE, 0)])
+        wait_for(
+            "the high-priority job's workers created",
+            lambda: pods_of(k8s_api, namespace, "b-high") or None,
+            180,
+            lambda: str((get_job(k8s_api, namespace, "a-low").get("status") or {}).get("phase")),
+        )
+        # The other job never planned onto that node: no plan, no workers, and it waits
+        # again for capacity with a reason.
+        status = get_job(k8s_api, namespace, "a-low").get("status") or {}
+        assert "plan" not in status, status.get("plan")
+        assert not pods_of(k8s_api, namespace, "a-low")
+        wait_for("the low-priority job waiting again", lambda: unschedulable("a-low"), 120)
+        assert "plan" not in (get_job(k8s_api, namespace, "a-low").get("status") or {})
     finally:
         release_then_reset(k8s_api, namespace, local_cluster)

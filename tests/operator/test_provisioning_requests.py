@@ -1,7 +1,7 @@
 """ProvisioningRequests for GPUPools that ask for capacity atomically: one request per pool
 and zone of a plan generation, pod sets shaped like the workers, the workers annotated to
-consume it, its state read from the autoscaler's conditions, and the capacity a waiting
-request reserves."""
+consume it, its state read from the autoscaler's conditions, the capacity a waiting
+request reserves, and which requests no current plan consumes."""
 
 from __future__ import annotations
 
@@ -20,8 +20,10 @@ from sailplan.operator.reconcile.provisioning import (
     GPUS_ANNOTATION,
     capacity_requests,
     consuming,
+    pod_template_names,
     request_reservations,
     request_state,
+    stale_requests,
     waiting_requests,
 )
 from sailplan.planner.catalog import default_catalog
@@ -150,3 +152,40 @@ def test_waiting_requests_reserve_capacity_and_age_their_zone() -> None:
     assert waiting_requests([waiting, failed], {"a100": 900}) == {
         "a100": {"us-central1-a": NOW - timedelta(seconds=910)}
     }
+
+
+def test_requests_of_other_generations_and_attempts_or_of_an_ended_job_are_stale() -> None:
+    plan, pods = workers()  # generation 3, attempt 1
+    job = TrainingJob.model_validate(
+        {"name": "opt", "namespace": "team-a", "uid": "uid-1", "spec": JOB_SPEC}
+    )
+    pools = {
+        "a100": pool("a100", "a100-ondemand", {"us-central1-a": 2, "us-central1-b": 2}),
+        "v100": pool("v100", "v100-ondemand", {"us-west1-b": 3}, gpu_type="V100-16"),
+    }
+    older = list(desired_children(job, plan, 2, 0, pools).pods)
+    retried = list(desired_children(job, plan, 3, 0, pools).pods)
+    current = [r.request for r in capacity_requests(pods, {"a100": DWS})]
+    earlier = [
+        r.request for shaped in (older, retried) for r in capacity_requests(shaped, {"a100": DWS})
+    ]
+    everything = current + earlier
+
+    def names(bodies: list[Any]) -> set[str]:
+        return {b["metadata"]["name"] for b in bodies}
+
+    assert len(current) == 2 and len(earlier) == 4
+    stale = stale_requests(everything, generation=3, attempt=1, active=True)
+    assert names(stale) == names(earlier)
+    assert [b["metadata"]["name"] for b in stale] == sorted(names(earlier))
+    # A job that ended, or was suspended, or has no plan, keeps none.
+    assert names(stale_requests(everything, generation=3, attempt=1, active=False)) == names(
+        everything
+    )
+    assert names(stale_requests(everything, generation=None, attempt=0, active=True)) == names(
+        everything
+    )
+    # Deleting a request deletes the PodTemplates its pod sets reference.
+    for request in capacity_requests(pods, {"a100": DWS}):
+        templates = [t["metadata"]["name"] for t in request.pod_templates]
+        assert templates and pod_template_names(request.request) == templates
