@@ -15,12 +15,18 @@ the store and the profiling Jobs it already owns, `profiling_step` returns:
 
 A failed need is never relaunched by itself: its Job keeps its deterministic name, so
 deleting that Job is how a person asks for another try (the condition says so).
+
+An autoscaled GPUPool zone with no ready node has nothing to measure on yet. Required counts
+one node there: its profiling pods, pinned to the pool and zone, are what makes the
+autoscaler add it. Auto and Skip plan with estimates for it (the condition names what is
+estimated until a node is ready), and Auto profiles it on the first pass that sees a ready
+node; the measured profiles then trigger a replan like any others.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sailplan.operator.api.common import Condition
@@ -133,15 +139,21 @@ def profiling_step(
     previous: Condition | None,
 ) -> ProfilingStep:
     mode = job.spec.profiling.mode
-    needs = missing_profiles(
-        model,
-        job.spec.training.global_batch_size,
-        # Every ready node: pools busy right now (with this job's profiling pods, say) are
-        # still pools the job may run on.
-        build_snapshot(selected, "ready"),
-        measured,
-    )
+    batch = job.spec.training.global_batch_size
+    # Every ready node: pools busy right now (with this job's profiling pods, say) are
+    # still pools the job may run on.
+    ready = missing_profiles(model, batch, build_snapshot(selected, "ready"), measured)
+    possible = missing_profiles(model, batch, build_snapshot(selected, "possible"), measured)
+    needs = possible if mode == "Required" else ready
     decision = profiling_decision(mode, needs)
+    measurable = {need.key for need in ready}
+    later = [need for need in possible if need.key not in measurable]
+    if later and mode != "Required":
+        decision = replace(
+            decision,
+            message=f"{decision.message}; {len(later)} more for pools with no ready node "
+            f"(first: {later[0].key}): estimated until a node is ready",
+        )
     if not decision.launch and not jobs and previous is None:
         return ProfilingStep(decision)
     progress = profiling_status(needs, jobs)

@@ -24,8 +24,10 @@ from sailplan.operator.reconcile.nodes import NodeInfo
 from sailplan.planner.cluster import ClusterSnapshot, Pool
 
 # "free": nodes a new worker can take now (planning); "ready": every healthy node, busy or
-# not (what profiles a job may need, since it may use any of them later).
-NodeCount = Literal["free", "ready"]
+# not (what profiles a job may need, since it may use any of them later); "possible": the
+# ready nodes, or one node for a zone with none ready that may still add some (where a
+# profiling pod, pinned there, makes the autoscaler add a node to measure).
+NodeCount = Literal["free", "ready", "possible"]
 
 
 class PoolSelectionError(ValueError):
@@ -114,6 +116,8 @@ def snapshot_pools(
                 free, obtainable = usable_nodes(
                     zone.nodes_free, zone.nodes_possible, held, zone.gpus_per_node
                 )
+            elif count == "possible" and zone.nodes_ready == 0:
+                free, obtainable = 0, min(1, zone.nodes_possible)
             else:
                 free, obtainable = zone.nodes_ready, 0
             if free + obtainable == 0:

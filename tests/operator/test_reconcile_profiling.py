@@ -1,5 +1,6 @@
 """The TrainingJob reconcile drives profiling Jobs: what it creates, when it plans, what it
-asks the handler to collect, and what it says when profiling fails. Pure: no cluster."""
+asks the handler to collect, what it says when profiling fails, and what it does for an
+autoscaled pool with no ready node. Pure: no cluster."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from operator_builders import JOB_SPEC, RecordingPlanner, make_plan
+from operator_builders import JOB_SPEC, RecordingPlanner, make_plan, pool
 
 from sailplan.operator.api.common import find_condition
 from sailplan.operator.api.gpupool import GPUPool
@@ -26,7 +27,7 @@ from sailplan.operator.profiling.step import nodes_taken
 from sailplan.operator.reconcile.snapshot import build_snapshot
 from sailplan.operator.reconcile.trainingjob import Observed, Outcome, reconcile
 from sailplan.planner.api import Planned, PlanRequest, PlanResult
-from sailplan.planner.catalog import Catalog
+from sailplan.planner.catalog import Catalog, default_catalog
 from sailplan.planner.profiles.types import (
     BandwidthCurve,
     ComputeProfile,
@@ -314,3 +315,78 @@ def test_busy_nodes_still_count_as_pools_to_profile(
     assert condition(outcome.status, "Planned")[:2] == ("False", "AwaitingProfiles")
     launched = {o["metadata"]["labels"][LABEL_NEED] for o in outcome.create if o["kind"] == "Job"}
     assert launched == {need_id(n) for n in needs_of(job, pools, catalog)}
+
+
+def zero_node_pools(ready_a100: int = 0) -> tuple[GPUPool, ...]:
+    """An autoscaled A100 pool with `ready_a100` ready nodes in us-central1-a (none in b)
+    that may add two per zone, and V100s that exist."""
+    a100 = pool("a100", "a100-ondemand", {"us-central1-a": ready_a100, "us-central1-b": 0})
+    zones = tuple(z.model_copy(update={"nodes_possible": 2}) for z in a100.status.zones)
+    a100 = a100.model_copy(update={"status": a100.status.model_copy(update={"zones": zones})})
+    return (a100, pool("v100", "v100-ondemand", {"us-west1-b": 3}, gpu_type="V100-16"))
+
+
+def launched_keys(outcome: Outcome, job: TrainingJob, pools: tuple[GPUPool, ...]) -> set[str]:
+    """The store keys of the needs whose profiling Jobs `outcome` creates."""
+    model = default_catalog().model(job.spec.model.name or "")
+    batch = job.spec.training.global_batch_size
+    every = missing_profiles(model, batch, build_snapshot(pools, "possible"), ProfileSet())
+    by_id = {need_id(n): n.key for n in every}
+    return {
+        by_id[o["metadata"]["labels"][LABEL_NEED]] for o in outcome.create if o["kind"] == "Job"
+    }
+
+
+A100_COMPUTE = "compute/OPT-350M/A100-40"
+
+
+def test_auto_plans_a_pool_at_zero_nodes_with_estimates_and_profiles_it_once_a_node_is_ready(
+    make_job: Callable[..., TrainingJob], catalog: Catalog
+) -> None:
+    job = job_with(make_job, "Auto")
+    planner = RecordingPlanner(Planned(best=make_plan(catalog, estimated=True)))
+    pools = zero_node_pools()
+    outcome = reconcile(Observed(job=job, pools=pools), planner, catalog, NOW)
+    # The V100s are measured now; nothing can measure an A100 before one exists.
+    launched = launched_keys(outcome, job, pools)
+    assert launched and A100_COMPUTE not in launched
+    (request,) = planner.requests
+    assert any(p.gpu_type == "A100-40" and p.obtainable_nodes for p in request.cluster.pools)
+    assert condition(outcome.status, "Planned")[:2] == ("True", "PlanCreated")
+    state, reason, message = condition(outcome.status, "ProfilesMeasured")
+    assert (state, reason) == ("False", "Estimated") and "A100-40" in message
+
+    # A node of the pool is Ready (the autoscaler added it): the next pass profiles it.
+    job = job.model_copy(update={"status": outcome.status})
+    ready = zero_node_pools(ready_a100=1)
+    again = reconcile(
+        Observed(job=job, pools=ready, profiling_jobs=as_observed_jobs(outcome.create)),
+        RecordingPlanner(Planned(best=make_plan(catalog, estimated=True))),
+        catalog,
+        NOW,
+    )
+    assert A100_COMPUTE in launched_keys(again, job, ready)
+
+
+def test_required_profiles_a_pool_at_zero_nodes_on_a_node_its_profiling_pod_brings(
+    make_job: Callable[..., TrainingJob], catalog: Catalog
+) -> None:
+    job = job_with(make_job, "Required")
+    pools = zero_node_pools()
+    outcome = reconcile(Observed(job=job, pools=pools), never, catalog, NOW)
+    assert A100_COMPUTE in launched_keys(outcome, job, pools)
+    assert condition(outcome.status, "Planned")[:2] == ("False", "AwaitingProfiles")
+    # Its pod is pinned to the pool and a zone that may add a node: what makes the
+    # autoscaler add one.
+    (compute,) = [
+        o
+        for o in outcome.create
+        if o["kind"] == "Job"
+        and launched_keys(Outcome(status=outcome.status, create=(o,)), job, pools) == {A100_COMPUTE}
+    ]
+    terms = compute["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    expressions = {e["key"]: e["values"] for term in terms for e in term["matchExpressions"]}
+    assert expressions["cloud.google.com/gke-nodepool"] == ["a100-ondemand"]
+    assert expressions["topology.kubernetes.io/zone"][0] in {"us-central1-a", "us-central1-b"}
