@@ -46,6 +46,7 @@ from sailplan.operator.reconcile.children import (
     pod_security_context,
     pool_tolerations,
 )
+from sailplan.operator.reconcile.overrides import apply_to_profiling_pod
 
 ROLE_PROFILER: Final = "profiler"
 ROLE_PROFILER_RENDEZVOUS: Final = "profiler-rendezvous"
@@ -185,6 +186,13 @@ def _job(
         "annotations": {NEED_ANNOTATION: need_document(need)},
         "ownerReferences": [owner_reference(job)],
     }
+    template = {
+        "metadata": {"labels": dict(pod_labels), "annotations": dict(annotations or {})},
+        "spec": pod_spec,
+    }
+    # spec.podTemplateOverrides that concern profiling pods too (which, and why not the
+    # others: reconcile.overrides).
+    apply_to_profiling_pod(template, job.spec.pod_template_overrides)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -202,10 +210,7 @@ def _job(
                     }
                 ]
             },
-            "template": {
-                "metadata": {"labels": pod_labels, "annotations": annotations or {}},
-                "spec": pod_spec,
-            },
+            "template": template,
         },
     }
 

@@ -10,6 +10,18 @@ What the plan needs always wins: a nodeSelector entry or a required node-affinit
 expression on a label the plan pins, an env variable of the worker contract, a GPU count.
 Each such entry is dropped and named in the pod's IGNORED_ANNOTATION (and by the reconcile
 in an Event), so a user sees why a setting did not take. Pure.
+
+`apply_to_profiling_pod` gives the profiling Jobs' pods (profiling.jobs, which run the same
+image on the same pools) the overrides that concern running there at all: labels and
+annotations, nodeSelector additions, tolerations, imagePullSecrets, pod and container
+security contexts, env and envFrom. Not affinity (a profiling pod is pinned to the pool
+and zone it measures, and a network pair keeps its own anti-affinity: affinity written for
+the workers could change what is measured or leave it unschedulable), priorityClassName (a
+measurement must not preempt running work), volumes and mounts (the profiler reads only its
+model annotation and writes an emptyDir; a worker's ReadWriteOnce claim could block it),
+resources (the GPU count is the measurement's, cpu and memory spec.trainer's) and the
+termination grace period (nothing to checkpoint). The plan-pinned entries are dropped as
+for the workers (whose pods and Events already name them).
 """
 
 from __future__ import annotations
@@ -165,3 +177,52 @@ def _container(ours: dict[str, Any], user: ContainerOverrides, ignored: list[str
         )
     if user.resources is not None:
         ours["resources"] = _resources(ours["resources"], dict(user.resources), ignored)
+
+
+def apply_to_profiling_pod(
+    template: dict[str, Any], overrides: PodTemplateOverrides | None
+) -> None:
+    """Merge the overrides that apply to profiling pods into a Job's pod `template`
+    (metadata and spec; changed in place). The operator's own entries win on a clash."""
+    if overrides is None:
+        return
+    metadata, spec = template["metadata"], template["spec"]
+    if overrides.metadata is not None:
+        metadata["labels"] = dict(overrides.metadata.labels or {}) | metadata.get("labels", {})
+        metadata["annotations"] = dict(overrides.metadata.annotations or {}) | metadata.get(
+            "annotations", {}
+        )
+    pod = overrides.spec
+    if pod is None:
+        return
+    pinned = pinned_labels(spec)
+    selector = {k: v for k, v in (pod.node_selector or {}).items() if k not in pinned}
+    if selector:
+        spec["nodeSelector"] = selector
+    tolerations = spec.get("tolerations", [])
+    spec["tolerations"] = tolerations + [
+        dict(t) for t in pod.tolerations or () if t not in tolerations
+    ]
+    if pod.image_pull_secrets:
+        spec["imagePullSecrets"] = [dict(s) for s in pod.image_pull_secrets]
+    if pod.security_context is not None:
+        spec["securityContext"] = spec["securityContext"] | copy.deepcopy(
+            dict(pod.security_context)
+        )
+    user = pod.container()
+    if user is None:
+        return
+    for container in (*spec.get("initContainers", ()), *spec["containers"]):
+        if user.security_context is not None:
+            container["securityContext"] = container["securityContext"] | copy.deepcopy(
+                dict(user.security_context)
+            )
+    # The profiler (the init container, the user's image at work) gets the user's env; the
+    # report container only prints files.
+    profiler = (spec.get("initContainers") or spec["containers"])[0]
+    contract = {e["name"] for e in profiler.get("env", ())}
+    profiler["env"] = list(profiler.get("env", ())) + [
+        copy.deepcopy(dict(v)) for v in user.env or () if v.get("name") not in contract
+    ]
+    if user.env_from:
+        profiler["envFrom"] = [copy.deepcopy(dict(source)) for source in user.env_from]

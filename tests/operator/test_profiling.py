@@ -274,6 +274,82 @@ def _flag(command: list[str], name: str) -> str:
     return command[command.index(name) + 1]
 
 
+PROFILING_OVERRIDES: dict[str, Any] = {
+    "metadata": {"labels": {"cost-center": "ml"}, "annotations": {"example.com/owner": "alice"}},
+    "spec": {
+        # the pool pin wins over a conflicting entry; the other one is added
+        "nodeSelector": {"example.com/disk": "ssd", NODEPOOL_LABEL: "elsewhere"},
+        "tolerations": [{"key": "example.com/dedicated", "operator": "Exists"}],
+        "imagePullSecrets": [{"name": "registry"}],
+        "securityContext": {"runAsUser": 2000},
+        "affinity": {
+            "podAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"labelSelector": {}, "topologyKey": "kubernetes.io/hostname"}
+                ]
+            }
+        },
+        "priorityClassName": "training-high",
+        "terminationGracePeriodSeconds": 600,
+        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "corpus"}}],
+        "containers": [
+            {
+                "name": "trainer",
+                "env": [
+                    {"name": "HF_HOME", "value": "/tmp/hf"},
+                    {"name": "MASTER_ADDR", "value": "mine"},
+                ],
+                "envFrom": [{"secretRef": {"name": "hub"}}],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                "securityContext": {"readOnlyRootFilesystem": False},
+                "resources": {"requests": {"cpu": "8"}},
+            }
+        ],
+    },
+}
+
+
+def test_profiling_pods_take_the_overrides_that_concern_running_there(job: TrainingJob) -> None:
+    (need,) = [n for n in _needs(NetworkNeed) if n.link == "inter-region"]
+    _, _, plain = jobs.render_network_objects(job, need, BY_NAME)
+    spec = JOB_SPEC | {"podTemplateOverrides": PROFILING_OVERRIDES}
+    overridden = TrainingJob.model_validate(
+        {"name": "opt", "namespace": "team-a", "uid": "uid-1", "spec": spec}
+    )
+    _, _, rank1 = jobs.render_network_objects(overridden, need, BY_NAME)
+    before, after = plain["spec"]["template"], rank1["spec"]["template"]
+    pod, was = after["spec"], before["spec"]
+    # Applied: metadata (the operator's labels kept), scheduling, pulling, identity, env.
+    assert after["metadata"]["labels"] == before["metadata"]["labels"] | {"cost-center": "ml"}
+    assert after["metadata"]["annotations"]["example.com/owner"] == "alice"
+    assert pod["nodeSelector"] == {"example.com/disk": "ssd"}
+    assert pod["tolerations"] == [
+        *was["tolerations"],
+        {"key": "example.com/dedicated", "operator": "Exists"},
+    ]
+    assert pod["imagePullSecrets"] == [{"name": "registry"}]
+    assert pod["securityContext"] == was["securityContext"] | {"runAsUser": 2000}
+    for container in (*pod["initContainers"], *pod["containers"]):
+        assert container["securityContext"]["readOnlyRootFilesystem"] is False
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    profiler, report = pod["initContainers"][0], pod["containers"][0]
+    env = {e["name"]: e["value"] for e in profiler["env"]}
+    assert env["HF_HOME"] == "/tmp/hf"
+    assert (
+        env["MASTER_ADDR"]
+        == {e["name"]: e["value"] for e in was["initContainers"][0]["env"]}["MASTER_ADDR"]
+    )
+    assert profiler["envFrom"] == [{"secretRef": {"name": "hub"}}]
+    assert "env" not in report or not any(e["name"] == "HF_HOME" for e in report["env"])
+    # Not applied: the measurement's placement, priority, volumes, resources, grace period.
+    assert pod["affinity"] == was["affinity"]
+    for field in ("priorityClassName", "terminationGracePeriodSeconds"):
+        assert field not in pod
+    assert pod["volumes"] == was["volumes"]
+    assert profiler["volumeMounts"] == was["initContainers"][0]["volumeMounts"]
+    assert profiler["resources"] == was["initContainers"][0]["resources"]
+
+
 def test_same_shape_pair_uses_every_gpu_of_both_nodes(job: TrainingJob) -> None:
     (need,) = [n for n in _needs(NetworkNeed) if n.link == "intra-zone"]
     _, rank0, rank1 = jobs.render_network_objects(job, need, BY_NAME)
