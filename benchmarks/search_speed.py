@@ -10,6 +10,7 @@ then not comparable). One process, no sampling. Sailor's published times are bes
     python benchmarks/search_speed.py --only 6   # a subset (row numbers): the deep pipeline
     python benchmarks/search_speed.py --top 3    # best plan plus two alternatives
     python benchmarks/search_speed.py --objectives   # rows 1-3 under the cost objectives
+    python benchmarks/search_speed.py --no-memory-options   # no recomputation or offload
 
 `--objectives` times, on rows 1-3, the minimum cost (USD per iteration), the minimum cost
 under a throughput floor of half the row's best throughput, and the maximum throughput
@@ -122,6 +123,11 @@ def main() -> None:
     parser.add_argument("--global-batch", type=int, default=2048)
     parser.add_argument("--trace-memory", action="store_true", help="tracemalloc peak heap")
     parser.add_argument(
+        "--no-memory-options",
+        action="store_true",
+        help="plan without activation recomputation and optimizer offload",
+    )
+    parser.add_argument(
         "--top", type=int, default=1, help="plans to return (1 = the best, as Sailor times it)"
     )
     parser.add_argument(
@@ -165,6 +171,7 @@ def main() -> None:
             global_batch_size=args.global_batch,
             cluster=cluster(spec),
             top_k=args.top,
+            memory_options=not args.no_memory_options,
         )
         if args.trace_memory:
             tracemalloc.start()

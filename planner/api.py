@@ -75,6 +75,14 @@ class PlanRequest(BaseModel):
             "count, for a runtime that cannot split unevenly. zero_stage 2 keeps it even"
         ),
     )
+    memory_options: bool = Field(
+        default=True,
+        description=(
+            "let the search give a stage that does not fit otherwise activation "
+            "recomputation and/or optimizer offload to the CPU (Stage.recompute, "
+            "Stage.optimizer_offload); False = plan without them"
+        ),
+    )
     deadline_seconds: float | None = Field(
         default=None,
         gt=0,

@@ -119,6 +119,13 @@ def plan_command(
     optimizer: Annotated[OptimizerKind, typer.Option("--optimizer")] = OptimizerKind.adam,
     top: Annotated[int, typer.Option("--top", min=1, max=50, help="plans to show")] = 1,
     max_pipeline_depth: Annotated[int | None, typer.Option("--max-pipeline-depth", min=1)] = None,
+    memory_options: Annotated[
+        bool,
+        typer.Option(
+            "--memory-options/--no-memory-options",
+            help="let stages that do not fit recompute activations or offload the optimizer",
+        ),
+    ] = True,
     as_json: Annotated[
         bool, typer.Option("--json", help="print Plan JSON (a list if --top > 1)")
     ] = False,
@@ -164,6 +171,7 @@ def plan_command(
             ),
             top_k=max(top, ENERGY_CANDIDATES) if energy_objective else top,
             max_pipeline_depth=max_pipeline_depth,
+            memory_options=memory_options,
         )
     except (InputError, CatalogError) as error:
         _fail(str(error))

@@ -49,6 +49,17 @@ def stage_table(plan: Plan, predictions: Predictions | None, title: str) -> Tabl
             stage_prediction = predictions.stages[index]
             seconds = f"{stage_prediction.forward_backward_seconds * 1e3:.1f} ms"
             memory = f"{stage_prediction.peak_memory_bytes / GIB:.1f} GiB"
+        options = [
+            name
+            for name, used in (
+                ("recompute", stage.recompute == "full"),
+                ("offload", stage.optimizer_offload),
+            )
+            if used
+        ]
+        if options:
+            # the memory options the stage runs with (Stage.recompute, optimizer_offload)
+            memory = f"{memory} ({', '.join(options)})"
         table.add_row(
             str(index),
             f"{stage.layer_start}-{stage.layer_end - 1}",

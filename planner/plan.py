@@ -44,6 +44,20 @@ class Stage(BaseModel):
     layer_end: int = Field(gt=0)
     tensor_parallel: int = Field(default=1, ge=1)
     replicas: tuple[Replica, ...] = Field(min_length=1)
+    recompute: Literal["none", "full"] = Field(
+        default="none",
+        description=(
+            "activation recomputation: full = every layer keeps only its input per "
+            "micro-batch and runs its forward again in the backward (torch.utils.checkpoint)"
+        ),
+    )
+    optimizer_offload: bool = Field(
+        default=False,
+        description=(
+            "fp32 master weights and Adam moments live in host memory and the update runs "
+            "on the CPU (DeepSpeed ZeRO offload_optimizer, DeepSpeedCPUAdam)"
+        ),
+    )
 
     @model_validator(mode="after")
     def _non_empty(self) -> Stage:
@@ -61,6 +75,9 @@ class StagePrediction(BaseModel):
 
     forward_backward_seconds: float = Field(description="one micro-batch, slowest replica")
     peak_memory_bytes: int = Field(description="largest over the stage's replicas")
+    host_memory_bytes: int = Field(
+        default=0, description="host memory per GPU under optimizer offload (0 without)"
+    )
 
 
 class StageClocks(BaseModel):
@@ -115,6 +132,11 @@ class Predictions(BaseModel):
     pipeline_seconds: float = Field(default=0.0, description="1F1B forward/backward part")
     allreduce_seconds: float = Field(default=0.0, description="exposed gradient all-reduce")
     update_seconds: float = Field(default=0.0, description="optimizer step")
+    energy_usd_per_iteration: float = Field(
+        default=0.0,
+        description="of usd_per_iteration: the GPUs' energy at default clocks in pools with "
+        "an energy price (0 where none is priced)",
+    )
     energy: EnergyPrediction | None = Field(
         default=None, description="GPU energy per iteration; None = not computed"
     )
@@ -215,6 +237,11 @@ class Plan(BaseModel):
             problem = self.model.tensor_parallel_problem(stage.tensor_parallel)
             if problem is not None:
                 raise ValueError(f"stage {i}: {problem}")
+            if stage.optimizer_offload and self.optimizer != "adam":
+                raise ValueError(
+                    f"stage {i}: optimizer_offload runs DeepSpeed's CPU Adam; set optimizer "
+                    "adam or optimizer_offload false"
+                )
         if expected_start != self.model.num_layers:
             raise ValueError(
                 f"stages cover layers [0, {expected_start}) but the model has "

@@ -117,6 +117,18 @@ class GPUSpec(BaseModel):
     intra_node_link: str
     intra_node_bytes_per_s: float = Field(gt=0)
     node_network_bytes_per_s: float = Field(gt=0, description="NIC bandwidth of one node")
+    host_link_bytes_per_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="one GPU's link to host memory, one direction (PCIe or NVLink-C2C "
+        "datasheet figure): prices optimizer offload; None = offload is not planned there",
+    )
+    host_memory_gib_per_gpu: float | None = Field(
+        default=None,
+        gt=0,
+        description="host memory of the type's documented machine shape per GPU; None = "
+        "unknown (optimizer offload's host memory is then not checked)",
+    )
     vm_egress_bytes_per_s: dict[int, float] = Field(
         default_factory=dict,
         description="documented network egress of a VM/node shape, by GPUs per node",

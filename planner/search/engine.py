@@ -36,7 +36,7 @@ from sailplan.planner.api import Infeasible, Planned, PlanRequest, PlanResult
 from sailplan.planner.catalog import Catalog
 from sailplan.planner.plan import Plan, Stage
 from sailplan.planner.profiles.types import ProfileSet
-from sailplan.planner.search import stagedp, uneven
+from sailplan.planner.search import memopts, stagedp, uneven
 from sailplan.planner.search.capacity import CapacityModel, KindServers, TypeServers
 from sailplan.planner.search.explain import describe_inputs, reasons
 from sailplan.planner.search.objective import Goal, TopK
@@ -288,7 +288,13 @@ class Search:
                         continue
                     layout = self.costs.allreduce_layout([endpoint] * dp, tp)
                     built = kind_tables(
-                        self.costs, gpu_type=gpu_type, tp=tp, mbs=mbs, dp=dp, layout=layout
+                        self.costs,
+                        gpu_type=gpu_type,
+                        tp=tp,
+                        mbs=mbs,
+                        dp=dp,
+                        layout=layout,
+                        memory_options=self.request.memory_options,
                     )
                     if built is not None:
                         keys.append(_KindKey(gpu_type, tp, zone))
@@ -296,7 +302,13 @@ class Search:
                 spanning = self._spanning_layout(gpu_type, tp, dp) if dp > 1 else None
                 if spanning is not None:
                     built = kind_tables(
-                        self.costs, gpu_type=gpu_type, tp=tp, mbs=mbs, dp=dp, layout=spanning
+                        self.costs,
+                        gpu_type=gpu_type,
+                        tp=tp,
+                        mbs=mbs,
+                        dp=dp,
+                        layout=spanning,
+                        memory_options=self.request.memory_options,
                     )
                     if built is not None:
                         keys.append(_KindKey(gpu_type, tp, ""))
@@ -688,6 +700,8 @@ class Search:
                 compute=kt.compute_list(),
                 tail=kt.tail_list(),
                 fits=kt.fits_list,
+                compute_at=kt.compute_list_at if kt.options is not None else None,
+                tail_at=kt.tail_list_at if kt.options is not None else None,
             )
             for k, kt in zip(keys, tables, strict=True)
         ]
@@ -836,6 +850,10 @@ class Search:
                         layer_end=edges[i + 1],
                         tensor_parallel=shapes[i].tensor_parallel,
                         replicas=tuple(placed[i]),
+                        # recomputation / offload where the range needs it at this depth
+                        **tables[shapes[i].kind].stage_options(
+                            edges[i], edges[i + 1], min(depth - i, micro)
+                        ),
                     )
                     for i in range(depth)
                 ),
@@ -881,6 +899,10 @@ def search(request: PlanRequest, profiles: ProfileSet, catalog: Catalog) -> Plan
         return _explain_infeasible(request, profiles, catalog, engine, deadline)
     inputs = describe_inputs(plans, engine.context, request.cluster.content_hash())
     explained = reasons(plans, engine.goal)
+    for i, plan in enumerate(plans):
+        memory = memopts.reason(plan, engine.context)
+        if memory:
+            explained[i] = f"{explained[i]}; {memory}" if explained[i] else memory
     finished = [
         # an uneven split's own reason (uneven.describe) follows the ranking's
         p.model_copy(

@@ -28,12 +28,19 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 Usage = tuple[int, ...]
 """GPUs demanded per usage slot (a GPU type in a zone, or spanning zones)."""
+
+
+class RowsOf(Protocol):
+    """Rows of a range matrix by start layer (a list of lists, or built on demand)."""
+
+    def __getitem__(self, start: int, /) -> list[float]: ...
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,10 @@ class Kind:
     compute: list[list[float]]
     tail: list[list[float]]
     fits: Callable[[int], list[list[bool]]]  # in-flight micro-batches -> feasible ranges
+    # compute and tail by in-flight count when memory options (search/memopts.py) make
+    # them depend on it; None = `compute` and `tail` at every position (also the bounds')
+    compute_at: Callable[[int], RowsOf] | None = None
+    tail_at: Callable[[int], RowsOf] | None = None
 
 
 @dataclass(frozen=True)
@@ -302,8 +313,6 @@ def solve(
     """
     m1 = micro_batches - 1
     # python lists: the loops below index single entries, much faster than numpy scalars
-    compute_lists = [k.compute for k in kinds]
-    tail_lists = [k.tail for k in kinds]
     rest_list = rest_lower.tolist()
     min_hop = min(min(row) for matrix in boundary[1:] for row in matrix) if num_layers > 1 else 0.0
     tail_by_length = tail_lower.tolist()
@@ -333,7 +342,12 @@ def solve(
             else 0.0
             for end in range(num_layers + 1)
         ]
-        stage_fits = [k.fits(min(depth - s, micro_batches)) for k in kinds]
+        in_flight = min(depth - s, micro_batches)
+        stage_fits = [k.fits(in_flight) for k in kinds]
+        stage_compute = [
+            k.compute if k.compute_at is None else k.compute_at(in_flight) for k in kinds
+        ]
+        stage_tail = [k.tail if k.tail_at is None else k.tail_at(in_flight) for k in kinds]
         # per grown usage: (its time limit, the per-end spread bound); many states of this
         # stage grow to the same usage, and neither depends on anything else
         per_usage: dict[Usage, tuple[float, Sequence[float]] | None] = {}
@@ -379,8 +393,8 @@ def solve(
                     else range(start + 1, last_end + 1)
                 )
                 feasible = stage_fits[k][start]
-                compute_row = compute_lists[k][start]
-                tail_row = tail_lists[k][start]
+                compute_row = stage_compute[k][start]
+                tail_row = stage_tail[k][start]
                 two_x = 2.0 * x
                 # the innermost loop: plain comparisons instead of max(), a builtin call
                 # costs several times more here (PLR1730 is silenced for that reason)

@@ -17,6 +17,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from sailplan.planner.search.memopts import (
+    BOTH,
+    OFFLOAD,
+    RECOMPUTE,
+    OptionTables,
+    StageOptions,
+    option_tables,
+    stage_options,
+)
 from sailplan.planner.simulator.collectives import AllReduceLayout
 from sailplan.planner.simulator.costs import CostModel, StageTable
 
@@ -27,6 +36,28 @@ BoolMatrix = npt.NDArray[np.bool_]
 def _range_matrix(prefix: npt.NDArray[np.float64]) -> FloatMatrix:
     """M[a, b] = prefix[b] - prefix[a] (meaningful for a < b)."""
     return prefix[None, :] - prefix[:, None]
+
+
+class OptionRows:
+    """Rows of a stage kind's compute or tail with the memory options taken, built when the
+    DP first reads them: a row where no range takes an option is the plain row itself, so
+    a kind that needs options on a few ranges costs a few rows, not a matrix per depth."""
+
+    def __init__(self, plain: list[list[float]], varied: FloatMatrix, used: BoolMatrix) -> None:
+        self._plain, self._varied, self._used = plain, varied, used
+        self._rows: dict[int, list[float]] = {}
+
+    def __getitem__(self, start: int) -> list[float]:
+        row = self._rows.get(start)
+        if row is None:
+            used = self._used[start]
+            if used.any():
+                plain = np.asarray(self._plain[start])
+                row = np.where(used, self._varied[start], plain).tolist()
+            else:
+                row = self._plain[start]
+            self._rows[start] = row
+        return row
 
 
 @dataclass(frozen=True)
@@ -44,10 +75,22 @@ class KindTables:
     _lists: dict[object, list[list[float]] | list[list[bool]]] = field(
         default_factory=dict, repr=False, compare=False
     )
+    # recomputation and offload where a range does not fit without (search/memopts.py);
+    # None = the request turned them off, or every range fits without
+    options: OptionTables | None = field(default=None, repr=False, compare=False)
 
     def fits(self, in_flight: int) -> BoolMatrix:
+        if self.options is not None:
+            fits: BoolMatrix = self.options.choice(in_flight) >= 0
+            return fits
         need = self._memory_base + self._memory_per_flight * in_flight
         return need <= self.capacity_bytes
+
+    def stage_options(self, a: int, b: int, in_flight: int) -> StageOptions:
+        """The Stage fields (recompute, optimizer_offload) of range [a, b) at this depth."""
+        if self.options is None:
+            return StageOptions()
+        return stage_options(int(self.options.choice(in_flight)[a, b]))
 
     # Python lists of the matrices for the DP's scalar loops (indexing a list is several
     # times faster than a numpy scalar), built once per kind and reused by every depth.
@@ -67,7 +110,40 @@ class KindTables:
             self._lists["tail"] = self.tail.tolist()
         return self._lists["tail"]  # type: ignore[return-value]
 
+    # the stage's compute and tail with the options its ranges take at an in-flight count
+    # (stagedp.Kind.compute_at / tail_at)
+    def compute_list_at(self, in_flight: int) -> OptionRows:
+        key = ("compute", in_flight)
+        if key not in self._lists:
+            assert self.options is not None
+            used = self.options.choice(in_flight) >= RECOMPUTE
+            self._lists[key] = OptionRows(  # type: ignore[assignment]
+                self.compute_list(), self.options.compute_recomputed, used
+            )
+        return self._lists[key]  # type: ignore[return-value]
+
+    def tail_list_at(self, in_flight: int) -> OptionRows:
+        key = ("tail", in_flight)
+        if key not in self._lists:
+            assert self.options is not None
+            used = np.isin(self.options.choice(in_flight), (OFFLOAD, BOTH))
+            self._lists[key] = OptionRows(  # type: ignore[assignment]
+                self.tail_list_plain(), self.options.tail_offloaded, used
+            )
+        return self._lists[key]  # type: ignore[return-value]
+
+    def tail_list_plain(self) -> list[list[float]]:
+        """The tails without offload (`tail` is the bounds' least of both)."""
+        if "tail_plain" not in self._lists:
+            assert self.options is not None
+            plain = np.where(np.isfinite(self.tail), self.options.tail, np.inf)
+            self._lists["tail_plain"] = plain.tolist()
+        return self._lists["tail_plain"]  # type: ignore[return-value]
+
     def memory_bytes(self, a: int, b: int, in_flight: int) -> float:
+        """The least memory the range needs (with the options that save the most)."""
+        if self.options is not None:
+            return self.options.least_memory(a, b, in_flight)
         return float(self._memory_base[a, b] + self._memory_per_flight[a, b] * in_flight)
 
 
@@ -79,8 +155,10 @@ def kind_tables(
     mbs: int,
     dp: int,
     layout: AllReduceLayout,
+    memory_options: bool = False,
 ) -> KindTables | None:
-    """Matrices for a stage of `dp` replicas of (gpu_type, tp) whose all-reduce runs on layout."""
+    """Matrices for a stage of `dp` replicas of (gpu_type, tp) whose all-reduce runs on layout;
+    with `memory_options`, recomputation and offload where a range does not fit without."""
     table = costs.table(gpu_type, tp, mbs)
     if table is None:
         return None
@@ -106,6 +184,23 @@ def kind_tables(
     base = costs.model_state_bytes(params, dp, tp) + costs.constants.framework_overhead_bytes
     per_flight = (activations + boundary) * costs.constants.activation_allocator_factor
     inf = np.inf
+    options = None
+    capacity = costs.gpu_memory_bytes(gpu_type)
+    # every range fits even with a micro-batch in flight per layer: nothing to choose
+    deepest = base + per_flight * costs.num_layers
+    if memory_options and not np.all(deepest[upper] <= capacity):
+        options = option_tables(
+            costs,
+            table,
+            dp=dp,
+            compute=compute,
+            allreduce=allreduce,
+            update=update,
+            base=np.asarray(base),
+            per_flight=per_flight,
+        )
+        # the bounds read `tail`: the least of both (offload may beat a slow GPU update)
+        tail = np.minimum(tail, options.tail_offloaded)
     return KindTables(
         gpu_type=gpu_type,
         tensor_parallel=tp,
@@ -115,4 +210,5 @@ def kind_tables(
         capacity_bytes=costs.gpu_memory_bytes(gpu_type),
         _memory_base=np.where(upper, base, inf),
         _memory_per_flight=np.where(upper, per_flight, 0.0),
+        options=options,
     )

@@ -56,6 +56,10 @@ class SimulatorConstants:
       what does not fit under it, at least the last bucket, is exposed.
     - flash_attention: whether attention scores are recomputed instead of stored
       (Korthikanti's 5as^2b term dropped); the measured runs store them.
+    - cpu_adam_params_per_s: parameters per second DeepSpeedCPUAdam updates for one rank
+      of an offloaded stage (CostModel.offload_seconds): measured by
+      `python benchmarks/cpu_adam.py` (docs/benchmarks.md) on the 2-core development VM,
+      so a node with more host cores per GPU updates faster than this predicts.
     - blocking_p2p: how the runtime moves a boundary tensor. False = Sailplan's trainer:
       each send is issued together with the receive of the other direction
       (trainer/schedule.py, batch_isend_irecv), so a stage's 1F1B cycle pays each boundary
@@ -67,6 +71,7 @@ class SimulatorConstants:
 
     framework_overhead_bytes: float = 5.15e9
     activation_allocator_factor: float = 1.06
+    cpu_adam_params_per_s: float = 5.4e8
     bucket_bytes: float = 5e8
     overlap_allreduce: bool = False
     flash_attention: bool = False

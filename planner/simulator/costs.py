@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
 
 import numpy as np
@@ -94,6 +94,11 @@ class StageTable:
     update: FloatArray
     params: FloatArray  # parameters per TP rank
     activations: FloatArray  # bytes kept for backward per micro-batch per TP rank
+    # full recomputation keeps each layer's output (the next layer's input), not its
+    # activations: prefix sums of those bytes, and each layer's activations (not summed:
+    # the backward recomputes one layer at a time, so a stage's largest is live at once)
+    kept_outputs: FloatArray | None = None
+    layer_activations: FloatArray | None = None
 
     def forward_backward_seconds(self, a: int, b: int) -> float:
         return float(self.forward[b] - self.forward[a] + self.backward[b] - self.backward[a])
@@ -112,6 +117,15 @@ class StageTable:
 
     def activation_bytes(self, a: int, b: int) -> float:
         return float(self.activations[b] - self.activations[a])
+
+    def recompute_kept_bytes(self, a: int, b: int) -> float:
+        """Bytes a fully recomputed stage keeps per micro-batch: its layers' outputs."""
+        assert self.kept_outputs is not None
+        return float(self.kept_outputs[b] - self.kept_outputs[a])
+
+    def largest_layer_activation_bytes(self, a: int, b: int) -> float:
+        assert self.layer_activations is not None
+        return float(self.layer_activations[a:b].max())
 
 
 def in_flight_micro_batches(stage: int, num_stages: int, num_micro_batches: int) -> int:
@@ -229,6 +243,13 @@ class CostModel:
         if profile is None or profile.oom or len(profile.forward_s) != self.num_layers:
             return None
         flash = self.constants.flash_attention
+        layer_activations = np.array(
+            [
+                layer_activation_bytes(self.model, i, tp, mbs, flash)
+                * self.training.activation_scale
+                for i in range(self.num_layers)
+            ]
+        )
 
         def prefix(values: Sequence[float]) -> FloatArray:
             out = np.zeros(self.num_layers + 1, dtype=np.float64)
@@ -243,13 +264,15 @@ class CostModel:
             backward=prefix(profile.backward_s),
             update=prefix(profile.update_s),
             params=prefix([self.model.layer_parameters(i, tp) for i in range(self.num_layers)]),
-            activations=prefix(
+            activations=prefix(layer_activations.tolist()),
+            # the head's output is the loss, a scalar
+            kept_outputs=prefix(
                 [
-                    layer_activation_bytes(self.model, i, tp, mbs, flash)
-                    * self.training.activation_scale
+                    float(self.boundary_bytes(mbs, i + 1)) if i + 1 < self.num_layers else 0.0
                     for i in range(self.num_layers)
                 ]
             ),
+            layer_activations=layer_activations,
         )
 
     def boundary_bytes(self, mbs: int, layer: int) -> int:
@@ -270,15 +293,74 @@ class CostModel:
             self._largest_tensor[tp] = cached
         return cached
 
-    def model_states(self, params: Bytes, data_parallel: int, tp: int) -> ModelStateBytes:
+    def model_states(
+        self, params: Bytes, data_parallel: int, tp: int, offload: bool = False
+    ) -> ModelStateBytes:
         """Model-state terms of one GPU holding `params` parameters (simulator/memory.py)."""
+        training = self.training
+        if offload and training.zero_stage == 0:
+            # DeepSpeed's optimizer offload is part of its ZeRO optimizer: the trainer runs
+            # an offloaded stage under ZeRO-1 (sailplan.trainer.optimizer.make_optimizer)
+            training = replace(training, zero_stage=1)
         return model_state_bytes(
-            params, data_parallel, self.training, self.context.optimizer, self.largest_tensor(tp)
+            params,
+            data_parallel,
+            training,
+            self.context.optimizer,
+            self.largest_tensor(tp),
+            offload=offload,
         )
 
-    def model_state_bytes(self, params: Bytes, data_parallel: int, tp: int) -> Bytes:
+    def model_state_bytes(
+        self, params: Bytes, data_parallel: int, tp: int, offload: bool = False
+    ) -> Bytes:
         """Sum of the model-state terms; `params` may be a numpy array (the search's tables)."""
-        return self.model_states(params, data_parallel, tp).total
+        return self.model_states(params, data_parallel, tp, offload).total
+
+    def offload_seconds(self, gpu_type: str, params: Bytes, data_parallel: int) -> Bytes:
+        """The optimizer step of an offloaded stage replica (one TP rank, `params` on it):
+        its fp32 gradient partition device -> host, DeepSpeedCPUAdam on the host, the
+        updated partition host -> device, each copy at the GPU's host link (catalog
+        host_link_bytes_per_s, one direction) and the update at
+        SimulatorConstants.cpu_adam_params_per_s. It replaces the GPU's update."""
+        spec = self.context.catalog.gpu(gpu_type)
+        link = spec.host_link_bytes_per_s
+        if link is None:
+            raise MissingProfileError(
+                f"{gpu_type} has no host_link_bytes_per_s in the catalog: optimizer offload "
+                "cannot be priced there"
+            )
+        share = params / max(1, data_parallel)
+        moved = (4 + self.training.parameter_bytes) * share
+        return moved / link + share / self.constants.cpu_adam_params_per_s
+
+    def stage_seconds(self, table: StageTable, a: int, b: int, recompute: str = "none") -> float:
+        """Forward + backward of one micro-batch on layers [a, b); full recomputation runs
+        every forward again inside the backward (forward + forward + backward)."""
+        seconds = table.forward_backward_seconds(a, b)
+        return seconds + table.forward_seconds(a, b) if recompute == "full" else seconds
+
+    def stage_update_seconds(
+        self, table: StageTable, a: int, b: int, offload: bool, data_parallel: int
+    ) -> float:
+        """The optimizer step of layers [a, b): on the GPU (the profile), or offloaded."""
+        if offload:
+            return float(
+                self.offload_seconds(table.gpu_type, table.parameters(a, b), data_parallel)
+            )
+        return table.update_seconds(a, b)
+
+    def stage_host_bytes(self, table: StageTable, a: int, b: int, data_parallel: int) -> float:
+        """Host memory one GPU's rank of an offloaded stage holds (simulator/memory.py)."""
+        states = self.model_states(
+            table.parameters(a, b), data_parallel, table.tensor_parallel, offload=True
+        )
+        return float(states.host)
+
+    def host_memory_bytes(self, gpu_type: str) -> float | None:
+        """Host memory per GPU of the type's nodes, where the catalog knows it."""
+        gib = self.context.catalog.gpu(gpu_type).host_memory_gib_per_gpu
+        return None if gib is None else gib * 2**30
 
     def stage_memory_bytes(
         self,
@@ -290,23 +372,36 @@ class CostModel:
         num_stages: int,
         num_micro_batches: int,
         data_parallel: int = 1,
+        recompute: str = "none",
+        offload: bool = False,
     ) -> float:
         """Peak memory of one GPU of a stage replica holding layers [a, b).
 
         Model states (weights, gradients, master weights, optimizer states, reduce buckets,
-        shared over `data_parallel` replicas under ZeRO: simulator/memory.py) + the
-        activations of the micro-batches 1F1B keeps in flight (each with its received input
-        when the stage is not the first) + the framework's fixed overhead.
+        shared over `data_parallel` replicas under ZeRO: simulator/memory.py; under
+        `offload` the optimizer's share is in host memory) + the activations of the
+        micro-batches 1F1B keeps in flight (each with its received input when the stage is
+        not the first) + the framework's fixed overhead. With full recomputation
+        (`recompute="full"`) a micro-batch keeps only its layers' outputs (Korthikanti et
+        al. 2022, Sec. 4.1: 2sbh bytes per layer at 16 bits) and the backward holds one
+        layer's activations again while it recomputes it, the stage's largest.
         """
         in_flight = in_flight_micro_batches(stage, num_stages, num_micro_batches)
-        activations = table.activation_bytes(a, b)
+        recomputed = 0.0
+        if recompute == "full":
+            activations = table.recompute_kept_bytes(a, b)
+            recomputed = table.largest_layer_activation_bytes(a, b)
+        else:
+            activations = table.activation_bytes(a, b)
         if a > 0:
             activations += self.boundary_bytes(table.micro_batch_size, a)
         return (
             float(
-                self.model_state_bytes(table.parameters(a, b), data_parallel, table.tensor_parallel)
+                self.model_state_bytes(
+                    table.parameters(a, b), data_parallel, table.tensor_parallel, offload
+                )
             )
-            + activations * in_flight * self.constants.activation_allocator_factor
+            + (activations * in_flight + recomputed) * self.constants.activation_allocator_factor
             + self.constants.framework_overhead_bytes
         )
 

@@ -53,6 +53,19 @@ view of the bucket), so the ZeRO-1 sum is an upper bound by at most the two buck
 trainer test tests/trainer/test_memory_model.py measures the tensors each rank holds and
 checks both the terms and that bound.
 
+Optimizer offload (`offload=True`, a stage's `optimizer_offload`: DeepSpeed ZeRO's
+`offload_optimizer` with device cpu, the trainer's sailplan.trainer.zero) moves the fp32
+master partition and the Adam moments to host memory, with the fp32 partition gradient
+the update reads (`single_partition_of_fp32_groups[i].grad`) and the buffer the updated
+partition is copied back to the device through (`param_buffer_of_bit16_for_cpu_offload_groups`):
+(4 + k + 4 + w)P/D bytes of host memory (`ModelStateBytes.host`), none of it on the GPU,
+and a host staging buffer of the largest tensor.
+DeepSpeed's offload is a ZeRO-1/2 feature, so an offloaded stage runs ZeRO-1 when the job
+says ZeRO-0, and its partition is the whole stage when D = 1. The device keeps the
+weights, the gradients until they are reduced (ZeRO-1: all of them, wP; ZeRO-2: those
+waiting for the bucket) and one staging buffer of the largest tensor
+(`temp_grad_buffer_for_gpu_offload`), plus the buckets.
+
 Called by costs.CostModel (the search and simulate()); pure arithmetic.
 """
 
@@ -136,6 +149,7 @@ class ModelStateBytes:
     optimizer_states: Bytes
     gradients: Bytes
     buckets: Bytes
+    host: Bytes = 0.0  # in host memory under optimizer offload, not part of `total`
 
     @property
     def total(self) -> Bytes:
@@ -158,15 +172,20 @@ def model_state_bytes(
     setup: TrainingSetup,
     optimizer: str = "adam",
     largest_tensor: float = 0.0,
+    *,
+    offload: bool = False,
 ) -> ModelStateBytes:
     """Model-state bytes of one rank holding `parameters` shared by `data_parallel` replicas.
 
     `largest_tensor`: elements of the rank's largest parameter (ZeRO-2 reduces a tensor
     larger than the bucket on its own, so that many gradient elements may wait at once).
+    `offload`: optimizer state in host memory (see the module docstring).
     Works on numpy arrays of parameter counts too (the search's stage matrices).
     """
     p, d, w = parameters, max(1, data_parallel), setup.parameter_bytes
     k = optimizer_state_bytes(optimizer)
+    if offload:
+        return _offloaded(p, d, setup, k, largest_tensor)
     if setup.zero_stage == 0 or d == 1:
         # sailplan.trainer.optimizer.ReplicatedOptimizer: torch's optimizer on the parameters
         master = FP32_BYTES * p if w < FP32_BYTES else 0.0
@@ -193,4 +212,32 @@ def model_state_bytes(
         optimizer_states=k * p / d,
         gradients=gradients,
         buckets=buckets,
+    )
+
+
+def _offloaded(
+    p: Bytes, d: int, setup: TrainingSetup, k: int, largest_tensor: float
+) -> ModelStateBytes:
+    """ZeRO-1/2 with offload_optimizer (device cpu): the GPU holds weights, gradients until
+    they are reduced and the buckets; the host the fp32 partition, its gradient, the
+    moments and the copy-back buffer."""
+    w = setup.parameter_bytes
+    bucket_bytes = w * setup.bucket_elements
+    # the staging buffer holds the rank's largest tensor, never more than the rank holds
+    staging = np.minimum(w * largest_tensor, w * p)
+    if setup.zero_stage == 2:
+        waiting = w * max(setup.bucket_elements, largest_tensor)
+        gradients = np.minimum(waiting, w * p) + staging
+        buckets = bucket_bytes
+    else:
+        gradients = w * p + staging
+        buckets = 2 * bucket_bytes
+    return ModelStateBytes(
+        weights=w * p,
+        master_weights=0.0,
+        optimizer_states=0.0,
+        gradients=gradients,
+        buckets=buckets,
+        # and the host side of the staging buffer (`temp_grad_buffer_for_cpu_offload`)
+        host=(FP32_BYTES + k + FP32_BYTES + w) * p / d + staging,
     )

@@ -44,6 +44,7 @@ def simulate(plan: Plan, context: PlanningContext) -> Predictions:
 
     stage_seconds: list[float] = []
     stage_memory: list[float] = []
+    stage_host: list[float] = []
     tail_seconds: list[float] = []  # exposed all-reduce + update, per stage
     exposed_allreduce: list[float] = []
     update_seconds: list[float] = []
@@ -56,12 +57,20 @@ def simulate(plan: Plan, context: PlanningContext) -> Predictions:
         slowest_backward = 0.0
         update = 0.0
         memory = 0.0
+        host = 0.0
         grads = 0.0
         for replica in stage.replicas:
             table = costs.require_table(replica.gpu_type, tp, mbs)
-            slowest = max(slowest, table.forward_backward_seconds(a, b))
-            slowest_backward = max(slowest_backward, table.backward_seconds(a, b))
-            update = max(update, table.update_seconds(a, b))
+            # memory options (Stage.recompute, Stage.optimizer_offload): CostModel prices them
+            seconds = costs.stage_seconds(table, a, b, stage.recompute)
+            slowest = max(slowest, seconds)
+            slowest_backward = max(slowest_backward, seconds - table.forward_seconds(a, b))
+            update = max(
+                update,
+                costs.stage_update_seconds(
+                    table, a, b, stage.optimizer_offload, plan.data_parallel
+                ),
+            )
             memory = max(
                 memory,
                 costs.stage_memory_bytes(
@@ -72,8 +81,12 @@ def simulate(plan: Plan, context: PlanningContext) -> Predictions:
                     num_stages=num_stages,
                     num_micro_batches=num_micro,
                     data_parallel=plan.data_parallel,
+                    recompute=stage.recompute,
+                    offload=stage.optimizer_offload,
                 ),
             )
+            if stage.optimizer_offload:
+                host = max(host, costs.stage_host_bytes(table, a, b, plan.data_parallel))
             grads = costs.gradient_bytes(table, a, b)
         allreduce = costs.allreduce_seconds(grads, stage.replicas, tp)
         if context.constants.overlap_allreduce:
@@ -84,6 +97,7 @@ def simulate(plan: Plan, context: PlanningContext) -> Predictions:
         egress_usd += usd
         stage_seconds.append(slowest)
         stage_memory.append(memory)
+        stage_host.append(host)
         exposed_allreduce.append(allreduce)
         update_seconds.append(update)
         tail_seconds.append(allreduce + update)
@@ -128,8 +142,10 @@ def simulate(plan: Plan, context: PlanningContext) -> Predictions:
         iteration_seconds=iteration,
         samples_per_second=plan.global_batch_size / iteration,
         stages=tuple(
-            StagePrediction(forward_backward_seconds=t, peak_memory_bytes=int(m))
-            for t, m in zip(stage_seconds, stage_memory, strict=True)
+            StagePrediction(
+                forward_backward_seconds=t, peak_memory_bytes=int(m), host_memory_bytes=int(h)
+            )
+            for t, m, h in zip(stage_seconds, stage_memory, stage_host, strict=True)
         ),
         usd_per_iteration=usd_per_iteration,
         usd_per_hour=usd_per_iteration * 3600.0 / iteration,
@@ -152,9 +168,12 @@ def _uneven_pipeline_seconds(plan: Plan, context: PlanningContext) -> float:
     slowest = 0.0
     for r in range(plan.data_parallel):
         stage_seconds = [
-            costs.require_table(
-                stage.replicas[r].gpu_type, stage.tensor_parallel, mbs
-            ).forward_backward_seconds(stage.layer_start, stage.layer_end)
+            costs.stage_seconds(
+                costs.require_table(stage.replicas[r].gpu_type, stage.tensor_parallel, mbs),
+                stage.layer_start,
+                stage.layer_end,
+                stage.recompute,
+            )
             for stage in plan.stages
         ]
         links = []

@@ -217,6 +217,7 @@ def test_out_of_memory_across_all_gpus_names_the_shortfall() -> None:
         model=catalog.model("OPT-30B"),
         global_batch_size=8,
         cluster=cluster(pool("V100-16", "us-central1-a", 1)),
+        memory_options=False,
     )
     result = make_plan(request)
     assert isinstance(result, Infeasible)
@@ -226,6 +227,13 @@ def test_out_of_memory_across_all_gpus_names_the_shortfall() -> None:
     assert result.smallest_memory_shortfall_bytes is not None
     assert result.smallest_memory_shortfall_bytes >= 431 * 2**30
     assert "OPT-30B" in result.reason and "GiB" in result.reason
+    # with the optimizer offloaded the GPU still holds 16-bit weights and gradients:
+    # 30e9 x 4 B = 112 GiB, at least 96 GiB short
+    offloaded = make_plan(request.model_copy(update={"memory_options": True}))
+    assert isinstance(offloaded, Infeasible)
+    assert offloaded.smallest_memory_shortfall_bytes is not None
+    assert offloaded.smallest_memory_shortfall_bytes >= 96 * 2**30
+    assert offloaded.smallest_memory_shortfall_bytes < result.smallest_memory_shortfall_bytes
 
 
 def test_out_of_memory_for_one_layer_names_the_layer_and_gpu() -> None:

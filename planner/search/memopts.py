@@ -1,0 +1,221 @@
+"""Memory options per stage for the search: activation recomputation and optimizer offload.
+
+A stage that does not fit in its GPU's memory may still fit with full activation
+recomputation (Stage.recompute = "full": only the layers' outputs are kept per micro-batch,
+every forward runs again in the backward) or with its optimizer state offloaded to host
+memory (Stage.optimizer_offload: DeepSpeed's CPU Adam, the update on the CPU and the copies
+over the GPU's host link), or with both. The simulator prices each
+(CostModel.stage_memory_bytes, stage_seconds, stage_update_seconds); this module gives the
+search, per layer range of one stage kind and per number of micro-batches in flight, the
+option it takes:
+
+- none, where the stage fits without options: an option never makes a stage itself faster,
+  so plans only use one where it makes them feasible (or lets a faster split fit);
+- else the first that fits of offload, recomputation, both. The order keeps the DP exact
+  in its pruning: a stage's compute time must not fall as it takes more layers
+  (stagedp.solve stops at the first end layer that is too slow), and with this order the
+  option only moves towards recomputation as the range grows (memory grows with it), so
+  the time per micro-batch stays monotone. Offload first: it adds time once per iteration,
+  recomputation to every micro-batch's backward. Offload is tried only where the catalog
+  gives the GPU's host link (and, where it knows the host memory per GPU, only where the
+  offloaded state fits there).
+
+Pure numpy over the (L+1) x (L+1) range matrices of search/terms.py; `reason` words the
+choice for a plan's reason. Called by terms.kind_tables and engine.search.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, TypedDict
+
+import numpy as np
+import numpy.typing as npt
+
+from sailplan.planner.plan import Plan
+from sailplan.planner.simulator.context import PlanningContext
+from sailplan.planner.simulator.costs import CostModel, StageTable
+
+FloatMatrix = npt.NDArray[np.float64]
+BoolMatrix = npt.NDArray[np.bool_]
+GIB = 1024**3
+
+NONE, OFFLOAD, RECOMPUTE, BOTH = 0, 1, 2, 3
+_TRIED = (NONE, OFFLOAD, RECOMPUTE, BOTH)
+
+
+def _range_matrix(prefix: FloatMatrix) -> FloatMatrix:
+    return prefix[None, :] - prefix[:, None]
+
+
+def _range_max(values: FloatMatrix) -> FloatMatrix:
+    """M[a, b] = max(values[a:b]) for a < b (0 elsewhere)."""
+    n = len(values) + 1
+    out = np.zeros((n, n))
+    for a in range(n - 1):
+        out[a, a + 1 :] = np.maximum.accumulate(values[a:])
+    return out
+
+
+@dataclass(frozen=True)
+class OptionTables:
+    """Memory and time of one stage kind's ranges under each option (search/terms.py)."""
+
+    base: tuple[FloatMatrix, ...]  # per option: bytes not multiplied by in-flight count
+    per_flight: tuple[FloatMatrix, ...]  # per option: bytes per micro-batch in flight
+    allowed: tuple[BoolMatrix, ...]  # per option: may it be used at all (offload: host)
+    capacity_bytes: float
+    compute: FloatMatrix  # without recomputation
+    compute_recomputed: FloatMatrix
+    tail: FloatMatrix  # without offload
+    tail_offloaded: FloatMatrix
+    _choices: dict[int, npt.NDArray[np.int8]] = field(default_factory=dict, compare=False)
+
+    def need(self, option: int, in_flight: int) -> FloatMatrix:
+        need: FloatMatrix = self.base[option] + self.per_flight[option] * in_flight
+        return need
+
+    def choice(self, in_flight: int) -> npt.NDArray[np.int8]:
+        """Per range: the option taken (NONE, OFFLOAD, RECOMPUTE, BOTH), -1 = none fits."""
+        cached = self._choices.get(in_flight)
+        if cached is None:
+            cached = np.full(self.compute.shape, -1, dtype=np.int8)
+            for option in reversed(_TRIED):
+                fits = (self.need(option, in_flight) <= self.capacity_bytes) & self.allowed[option]
+                cached = np.where(fits, np.int8(option), cached)
+            self._choices[in_flight] = cached
+        return cached
+
+    def compute_at(self, in_flight: int) -> FloatMatrix:
+        recomputed = self.choice(in_flight) >= RECOMPUTE
+        return np.where(recomputed, self.compute_recomputed, self.compute)
+
+    def tail_at(self, in_flight: int) -> FloatMatrix:
+        offloaded = np.isin(self.choice(in_flight), (OFFLOAD, BOTH))
+        return np.where(offloaded, self.tail_offloaded, self.tail)
+
+    def least_memory(self, a: int, b: int, in_flight: int) -> float:
+        return min(
+            float(self.need(option, in_flight)[a, b])
+            for option in _TRIED
+            if self.allowed[option][a, b]
+        )
+
+
+def option_tables(
+    costs: CostModel,
+    table: StageTable,
+    *,
+    dp: int,
+    compute: FloatMatrix,
+    allreduce: FloatMatrix,
+    update: FloatMatrix,
+    base: FloatMatrix,
+    per_flight: FloatMatrix,
+) -> OptionTables:
+    """The option matrices of one kind, from terms.kind_tables' own (same arithmetic as
+    CostModel.stage_memory_bytes and simulate() with the stage's options)."""
+    factor = costs.constants.activation_allocator_factor
+    overhead = costs.constants.framework_overhead_bytes
+    tp, mbs = table.tensor_parallel, table.micro_batch_size
+    params = _range_matrix(table.params)
+    n = costs.num_layers + 1
+    boundary = np.zeros((n, 1))
+    for a in range(1, n - 1):
+        boundary[a, 0] = costs.boundary_bytes(mbs, a)
+    assert table.kept_outputs is not None and table.layer_activations is not None
+    kept = (_range_matrix(table.kept_outputs) + boundary) * factor
+    recompute_base = base + _range_max(table.layer_activations) * factor
+    offload_states = costs.model_states(params, dp, tp, offload=True)
+    offload_base = np.asarray(offload_states.total) + overhead
+    no = np.zeros((n, n), dtype=bool)
+    yes = np.ones((n, n), dtype=bool)
+    link = costs.context.catalog.gpu(table.gpu_type).host_link_bytes_per_s
+    if link is None or costs.context.optimizer != "adam":
+        # unpriced without the host link; DeepSpeed's offload updates with CPU Adam only
+        offload_ok, offload_tail = no, allreduce + update
+    else:
+        host = costs.host_memory_bytes(table.gpu_type)
+        offload_ok = yes if host is None else np.asarray(offload_states.host) <= host
+        offload_tail = allreduce + np.asarray(costs.offload_seconds(table.gpu_type, params, dp))
+    return OptionTables(
+        base=(base, offload_base, recompute_base, offload_base + (recompute_base - base)),
+        per_flight=(per_flight, per_flight, kept, kept),
+        allowed=(yes, offload_ok, yes, offload_ok),
+        capacity_bytes=costs.gpu_memory_bytes(table.gpu_type),
+        compute=compute,
+        compute_recomputed=compute + _range_matrix(table.forward),
+        tail=allreduce + update,
+        tail_offloaded=offload_tail,
+    )
+
+
+class StageOptions(TypedDict, total=False):
+    """The Stage fields a memory option sets."""
+
+    recompute: Literal["none", "full"]
+    optimizer_offload: bool
+
+
+def stage_options(code: int) -> StageOptions:
+    """Stage fields of an option code."""
+    return StageOptions(
+        recompute="full" if code >= RECOMPUTE else "none",
+        optimizer_offload=code in (OFFLOAD, BOTH),
+    )
+
+
+def reason(plan: Plan, context: PlanningContext) -> str:
+    """One sentence per stage that uses a memory option: what it takes, with the stage's
+    predicted peak memory without and with it (simulate()'s terms)."""
+    costs = context.costs
+    parts = []
+    for index, stage in enumerate(plan.stages):
+        if stage.recompute == "none" and not stage.optimizer_offload:
+            continue
+        a, b = stage.layer_start, stage.layer_end
+        without = with_options = 0.0
+        for replica in stage.replicas:
+            table = costs.require_table(
+                replica.gpu_type, stage.tensor_parallel, plan.micro_batch_size
+            )
+            for options, recompute, offload in (
+                (False, "none", False),
+                (True, stage.recompute, stage.optimizer_offload),
+            ):
+                memory = costs.stage_memory_bytes(
+                    table,
+                    a,
+                    b,
+                    stage=index,
+                    num_stages=plan.pipeline_depth,
+                    num_micro_batches=plan.num_micro_batches,
+                    data_parallel=plan.data_parallel,
+                    recompute=recompute,
+                    offload=offload,
+                )
+                if options:
+                    with_options = max(with_options, memory)
+                else:
+                    without = max(without, memory)
+        what = []
+        if stage.recompute == "full":
+            what.append("recomputes activations")
+        if stage.optimizer_offload:
+            what.append("offloads the optimizer to the CPU")
+        type_names = sorted({r.gpu_type for r in stage.replicas})
+        sentence = (
+            f"stage {index} on {'/'.join(type_names)} {' and '.join(what)}: "
+            f"{without / GIB:.1f} GiB without, {with_options / GIB:.1f} GiB with"
+        )
+        if stage.optimizer_offload:
+            table = costs.require_table(type_names[0], stage.tensor_parallel, plan.micro_batch_size)
+            host = costs.stage_host_bytes(table, a, b, plan.data_parallel)
+            unknown = [t for t in type_names if costs.host_memory_bytes(t) is None]
+            sentence += f", {host / GIB:.1f} GiB of host memory per GPU" + (
+                f" (not checked: the catalog does not know {'/'.join(unknown)} nodes' memory)"
+                if unknown
+                else ""
+            )
+        parts.append(sentence)
+    return "; ".join(parts)
