@@ -19,7 +19,7 @@ from sailplan.operator.api.common import GROUP, VERSION
 from sailplan.operator.api.gpupool import PLURAL as POOLS
 from sailplan.operator.api.trainingjob import PLURAL as JOBS
 from sailplan.operator.profiling.jobs import ROLE_PROFILER
-from sailplan.operator.reconcile import naming, provisioning
+from sailplan.operator.reconcile import kueue, naming, provisioning
 
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -164,18 +164,6 @@ class Kube:
         ).get("items", [])
         return items
 
-    def list_running_pods(self, label_selector: str) -> list[dict[str, Any]]:
-        """Every namespace's running pods with these labels (rank 0 of every job, for its
-        progress: controller.progress)."""
-        items: list[dict[str, Any]] = self._json(
-            self.core.list_pod_for_all_namespaces(
-                label_selector=label_selector,
-                field_selector="status.phase=Running",
-                _preload_content=False,
-            )
-        ).get("items", [])
-        return items
-
     def list_job_children(
         self, namespace: str, job: str
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
@@ -253,10 +241,47 @@ class Kube:
         ).get("items", [])
         return items
 
+    # -- Kueue Workloads (kueue.x-k8s.io; the CRD may not be installed) --------------------
+    def list_workloads(self, namespace: str, job: str) -> list[dict[str, Any]] | None:
+        """The job's Workloads; None where the API server does not serve Workloads."""
+        selector = f"{naming.LABEL_JOB}={job},{naming.LABEL_ROLE}={kueue.ROLE_WORKLOAD}"
+        try:
+            body = self._json(
+                self.custom.list_namespaced_custom_object(
+                    kueue.GROUP,
+                    kueue.VERSION,
+                    namespace,
+                    kueue.PLURAL,
+                    label_selector=selector,
+                    _preload_content=False,
+                )
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        items: list[dict[str, Any]] = body.get("items", [])
+        return items
+
+    def _create_workload(self, namespace: str, obj: dict[str, Any]) -> None:
+        self.custom.create_namespaced_custom_object(
+            kueue.GROUP, kueue.VERSION, namespace, kueue.PLURAL, obj
+        )
+
+    def delete_workload(self, namespace: str, name: str) -> None:
+        self._unless_gone(
+            self.custom.delete_namespaced_custom_object,
+            kueue.GROUP,
+            kueue.VERSION,
+            namespace,
+            kueue.PLURAL,
+            name,
+        )
+
     # -- writes ---------------------------------------------------------------------------
     def create(self, obj: dict[str, Any]) -> bool:
-        """Create a namespaced ConfigMap, Service, Pod, Job or PodTemplate; False if it
-        already existed."""
+        """Create a namespaced ConfigMap, Service, Pod, Job, PodTemplate or Kueue Workload;
+        False if it already existed."""
         namespace = obj["metadata"]["namespace"]
         creators: dict[str, Callable[..., Any]] = {
             "ConfigMap": self.core.create_namespaced_config_map,
@@ -264,6 +289,7 @@ class Kube:
             "Pod": self.core.create_namespaced_pod,
             "Job": self.batch.create_namespaced_job,
             "PodTemplate": self.core.create_namespaced_pod_template,
+            kueue.KIND: self._create_workload,
         }
         try:
             creators[obj["kind"]](namespace, obj)

@@ -661,8 +661,9 @@ class TrainingJobSpec(KubeModel):
         "job, its workers checkpoint and exit (as for a planned switch, within "
         "replan.drainTimeoutSeconds) and are deleted; set back to false, the job plans "
         "anew on the capacity of that moment and resumes from its last checkpoint. A job "
-        "created suspended does not plan until resumed (what Kueue's admission does "
-        "through the kueue.x-k8s.io/queue-name label)",
+        "created suspended does not plan until resumed. Kueue admission does not use "
+        "this field: with the kueue.x-k8s.io/queue-name label the operator queues a Kueue "
+        "Workload per plan and starts the workers once it is admitted",
     )
     active_deadline_seconds: int | None = Field(
         default=None,
@@ -742,17 +743,10 @@ class PlanHistoryEntry(StatusModel):
 
 
 class Progress(StatusModel):
-    """Rank 0's numbers, read by the operator from its metrics endpoint."""
-
     step: int = 0
     loss: float | None = None
     samples_per_second: DisplayNumber = None
     last_checkpoint_step: int | None = None
-    time: datetime | None = Field(
-        default=None,
-        description="when the operator first read this step from rank 0; a rank 0 it "
-        "cannot reach leaves the last numbers here, ageing",
-    )
 
 
 class WorkerCounts(StatusModel):
@@ -814,6 +808,8 @@ class TrainingJob(KubeModel):
     namespace: str
     uid: str = ""
     generation: int = 0
+    # metadata.labels: kueue.x-k8s.io/queue-name asks for Kueue admission (reconcile.kueue).
+    labels: dict[str, str] = Field(default_factory=dict)
     spec: TrainingJobSpec
     status: TrainingJobStatus = TrainingJobStatus()
 

@@ -166,9 +166,11 @@ async def apply_outcome(
         )
     for pod_name in outcome.delete_pods:
         await run_blocking(kube.delete_pod, namespace, pod_name)
+    for workload in outcome.delete_workloads:  # Kueue: a replaced plan's, a finished job's
+        await run_blocking(kube.delete_workload, namespace, workload)
     for pod_name, wanted in outcome.annotate_pods:
         await run_blocking(kube.annotate_pod, namespace, pod_name, wanted)
-    if outcome.create or outcome.delete_pods:
+    if outcome.create or outcome.delete_pods or outcome.delete_workloads:
         log.info(
             "children changed",
             extra={
@@ -178,6 +180,7 @@ async def apply_outcome(
                     f"{o['kind']}/{o['metadata']['name']}" for o in outcome.create
                 ],
                 "pods_deleted": [f"Pod/{n}" for n in outcome.delete_pods],
+                "workloads_deleted": [f"Workload/{n}" for n in outcome.delete_workloads],
             },
         )
     new_status = outcome.status.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -21,6 +21,7 @@ from sailplan.operator.controller.blocking import run_blocking
 from sailplan.operator.kube import Kube
 from sailplan.operator.profilestore import ProfileStore, parse_profile_configmaps
 from sailplan.operator.profiling.status import observed_job
+from sailplan.operator.reconcile import kueue
 from sailplan.operator.reconcile.nodes import NodeInfo, node_info
 from sailplan.operator.reconcile.trainingjob import Observed, observed_plan, observed_pod
 from sailplan.planner.profiles.types import ProfileSet
@@ -68,6 +69,7 @@ def parse_job(namespace: str, name: str, body: Mapping[str, Any]) -> ParsedJob:
             namespace=namespace,
             uid=uid,
             generation=generation,
+            labels=metadata.get("labels") or {},
             spec=body.get("spec") or {},
             status=old_status,
         )
@@ -130,6 +132,14 @@ async def observe(
     namespace, name = job.namespace, job.name
     pods, plans, service = await run_blocking(kube.list_job_children, namespace, name)
     profiling_jobs = await run_blocking(kube.list_profiling_jobs, namespace, name)
+    workloads: tuple[kueue.ObservedWorkload, ...] | None = ()
+    if kueue.queue_of(job):
+        bodies = await run_blocking(kube.list_workloads, namespace, name)
+        workloads = (
+            None
+            if bodies is None
+            else tuple(w for w in map(kueue.observed_workload, bodies) if w is not None)
+        )
     return Observed(
         job=job,
         pools=await read_pools(kube),
@@ -139,4 +149,5 @@ async def observe(
         measured=measured,
         nodes=nodes,
         profiling_jobs=tuple(j for j in (observed_job(b) for b in profiling_jobs) if j is not None),
+        workloads=workloads,
     )

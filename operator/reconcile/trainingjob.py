@@ -48,7 +48,7 @@ from sailplan.operator.api.trainingjob import (
 )
 from sailplan.operator.profiling.status import COND_PROFILING, ObservedJob
 from sailplan.operator.profiling.step import Collect, ProfilingStep, profiling_step, reserve
-from sailplan.operator.reconcile import naming
+from sailplan.operator.reconcile import kueue, naming
 from sailplan.operator.reconcile.children import (
     Children,
     RenderError,
@@ -128,6 +128,9 @@ class Observed:
     # Every node by name; a worker whose node is missing here is on a node that is gone.
     nodes: Mapping[str, NodeInfo] = field(default_factory=dict)
     profiling_jobs: tuple[ObservedJob, ...] = ()
+    # The job's Kueue Workloads (reconcile.kueue), read only for a job with a queue name;
+    # None: the API server does not serve them (Kueue is not installed).
+    workloads: tuple[kueue.ObservedWorkload, ...] | None = ()
 
 
 def observed_pod(body: Mapping[str, Any]) -> triggers.WorkerPod | None:
@@ -170,6 +173,8 @@ class Outcome:
     delete_job: bool = False
     # False: spec.managedBy names another controller; the handler writes nothing at all.
     managed: bool = True
+    # Kueue Workloads of earlier plan generations or of a finished job (reconcile.kueue).
+    delete_workloads: tuple[str, ...] = ()
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -305,6 +310,89 @@ def invalid_status(
 
 
 def reconcile(
+    observed: Observed,
+    planner: Planner,
+    catalog: Catalog,
+    now: datetime,
+    config: ReplanConfig | None = None,
+) -> Outcome:
+    """One pass; for a job with a Kueue queue name, gated on its Workload (reconcile.kueue):
+    a Workload that lost its admission while workers run stops them as spec.suspend does."""
+    job = observed.job
+    mine = _mine(observed)
+    workloads = (
+        None
+        if mine.workloads is None
+        else tuple(w for w in mine.workloads if w.owner_uid in ("", job.uid))
+    )
+    live = [p.generation for p in mine.pods if not p.deleting]
+    eviction = kueue.evicted(job, workloads, live)
+    passed = observed
+    if eviction is not None:
+        suspended = job.model_copy(update={"spec": job.spec.model_copy(update={"suspend": True})})
+        passed = replace(observed, job=suspended)
+    outcome = _reconcile(passed, planner, catalog, now, config)
+    if eviction is not None:
+        # The pass saw spec.suspend; the next one must not report a resume of it.
+        outcome = replace(
+            outcome, events=tuple(e for e in outcome.events if e.reason != api.REASON_JOB_RESUMED)
+        )
+    return _admitted(replace(mine, workloads=workloads), outcome, now)
+
+
+def _admitted(observed: Observed, outcome: Outcome, now: datetime) -> Outcome:
+    """The pass's worker creations gated on the job's Kueue Workload (reconcile.kueue)."""
+    job = observed.job
+    if not kueue.queue_of(job) or not outcome.managed or outcome.delete_job:
+        return outcome
+    status = outcome.status
+    generation = status.replan.generation if status.replan is not None else None
+    plans = {p.generation: p.plan for p in observed.plans}
+    for obj in outcome.create:
+        made = observed_plan(obj) if obj["kind"] == "ConfigMap" else None
+        if made is not None:
+            plans.setdefault(made.generation, made.plan)
+    plan = plans.get(generation) if generation is not None else None
+    generation_pods: tuple[dict[str, Any], ...] = ()
+    if plan is not None and generation is not None:
+        try:
+            pools = {p.name: p for p in observed.pools}
+            generation_pods = desired_children(job, plan, generation, status.attempt, pools).pods
+        except RenderError:
+            generation_pods = ()
+    admission = kueue.admit(
+        job,
+        observed.workloads,
+        outcome.create,
+        generation=generation,
+        generation_pods=generation_pods,
+        finished=status.phase in (api.PHASE_SUCCEEDED, api.PHASE_FAILED),
+        previous=find_condition(job.status.conditions, kueue.COND_ADMITTED),
+    )
+    if admission is None:
+        return outcome
+    withheld = sum(o["kind"] == "Pod" for o in outcome.create) - sum(
+        o["kind"] == "Pod" for o in admission.create
+    )
+    events = outcome.events
+    if withheld:  # the pass's "created N worker pods" did not happen
+        events = tuple(e for e in events if e.reason != "PodsCreated")
+    requeue = outcome.requeue_after
+    if admission.requeue_after is not None:
+        requeue = (
+            admission.requeue_after if requeue is None else min(requeue, admission.requeue_after)
+        )
+    return replace(
+        outcome,
+        create=admission.create,
+        delete_workloads=admission.delete_workloads,
+        status=_with_conditions(status, list(admission.conditions), now),
+        events=(*events, *admission.events),
+        requeue_after=requeue,
+    )
+
+
+def _reconcile(
     observed: Observed,
     planner: Planner,
     catalog: Catalog,
@@ -932,7 +1020,6 @@ def _run(
             loss=reported.loss,
             samples_per_second=reported.samples_per_second,
             last_checkpoint_step=reported.last_checkpoint_step,
-            time=rank0.progress_time,
         )
     status = status.model_copy(
         update={

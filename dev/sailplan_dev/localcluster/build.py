@@ -2,7 +2,8 @@
 
 Tier-2 tests, the e2e runner and the README quickstart need a real etcd, kube-apiserver,
 kube-scheduler, kube-controller-manager, kubectl and kwok; the Helm chart's tests need
-helm; the autoscaling tests need Karpenter with its kwok cloud provider. There is no Docker engine and no release download here (only PyPI and the Go module
+helm; the autoscaling tests need Karpenter with its kwok cloud provider; the admission tests need
+Kueue. There is no Docker engine and no release download here (only PyPI and the Go module
 proxy are reachable), so the binaries are compiled from their published Go modules with the
 local Go toolchain. Called by
 `sailplan cluster build`, by `.ci/run` before the tests, and by the pytest cluster fixture
@@ -13,7 +14,8 @@ Layout (root = $SAILPLAN_CACHE, default ~/.cache/sailplan):
     root/go/mod, root/go/build         GOMODCACHE and GOCACHE, so a rebuild or CI reuses them
     root/k8s/<k8s-version>/src/<group>  generated wrapper modules (templates in gomod/)
     root/k8s/<k8s-version>/bin/         the binaries
-    root/k8s/<k8s-version>/share/<group>/  module files they need at run time (Karpenter's CRDs)
+    root/k8s/<k8s-version>/share/<group>/  module files they need at run time (Karpenter's
+                                        and Kueue's CRDs)
 
 The build is idempotent (a group whose binaries exist and report the pinned version is
 skipped), resumable (Go's build cache keeps finished packages; binaries are moved into bin/
@@ -50,6 +52,10 @@ HELM_VERSION = "v3.21.4"
 # and the build never fetches another toolchain (GOTOOLCHAIN=local). Its client-go v0.35 is
 # within the supported skew of a 1.36 API server.
 KARPENTER_VERSION = "v1.14.1"
+# Kueue admits TrainingJobs labelled kueue.x-k8s.io/queue-name (localcluster.kueue and the
+# Kueue cluster tests). Its go.mod says go 1.25.0 and it uses client-go v0.34, within the
+# supported skew of a 1.36 API server.
+KUEUE_VERSION = "v0.14.0"
 
 # The ProvisioningRequest CRD (autoscaling.x-k8s.io, the API of GKE's queued provisioning):
 # the real definition, from the cluster autoscaler's API module at the version
@@ -182,6 +188,40 @@ GROUPS: tuple[Group, ...] = (
             "kwok/charts/crds/karpenter.sh_nodeoverlays.yaml",
             "kwok/charts/crds/autoscaling.x-k8s.io_capacitybuffers.yaml",
             "kwok/apis/crds/karpenter.kwok.sh_kwoknodeclasses.yaml",
+        ),
+    ),
+    Group(
+        name="kueue",
+        module="sigs.k8s.io/kueue",
+        version=KUEUE_VERSION,
+        packages=("sigs.k8s.io/kueue/cmd/kueue",),
+        binaries=(
+            Binary(
+                "kueue",
+                (),
+                f"sigs.k8s.io/kueue\t{KUEUE_VERSION}",
+                from_build_info=True,
+            ),
+        ),
+        template=None,
+        # What its Makefile sets: the version it logs at start.
+        ldflags=(f"-X sigs.k8s.io/kueue/pkg/version.GitVersion={KUEUE_VERSION}",),
+        # Every CRD of the release (its manager watches them all, MultiKueue's too).
+        shared=tuple(
+            f"config/components/crd/bases/kueue.x-k8s.io_{plural}.yaml"
+            for plural in (
+                "admissionchecks",
+                "clusterqueues",
+                "cohorts",
+                "localqueues",
+                "multikueueclusters",
+                "multikueueconfigs",
+                "provisioningrequestconfigs",
+                "resourceflavors",
+                "topologies",
+                "workloadpriorityclasses",
+                "workloads",
+            )
         ),
     ),
 )

@@ -1,0 +1,378 @@
+"""Kueue admission of TrainingJobs labelled `kueue.x-k8s.io/queue-name`.
+
+Kueue admits the workloads of the job kinds it integrates; TrainingJob is not one of them,
+so the operator is its integration, as the Spark operator or AppWrapper are for theirs: it
+creates the Kueue `Workload` (kueue.x-k8s.io/v1beta1, owned by the TrainingJob) and starts
+workers only once Kueue admitted it. Kueue's Workload controller, scheduler and quota
+accounting never look at the owner's kind, so nothing has to be registered in Kueue.
+
+A Workload describes one plan generation: one pod set per (GPUPool, GPUs per worker) of
+the plan, `count` workers each asking for `nvidia.com/gpu`, pinned by the workers' own node
+affinity to the pool, so the ResourceFlavor whose nodeLabels are the pool's is the one
+Kueue charges: the plan's GPUs are admitted as one gang under the ClusterQueue's quota per
+flavor. Kueue does not allow an admitted Workload's pod sets to change, so a new plan
+generation gets a new Workload and the old one is deleted (its quota released): a replan
+queues the job again. A Workload that loses its admission (Kueue evicted or preempted it)
+while workers run suspends the job for the pass, as spec.suspend does (checkpoint, then the
+pods go); the job then plans anew and queues a new Workload. A finished job's Workloads are
+deleted, which returns their quota.
+
+Pure. reconcile.trainingjob calls `evicted` before a pass and `admit` after it;
+controller.observation reads the job's Workloads (None where Kueue's API is not served),
+controller.apply creates and deletes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from sailplan.operator.api.common import Condition
+from sailplan.operator.api.trainingjob import COND_RUNNING, TrainingJob
+from sailplan.operator.reconcile import naming
+from sailplan.operator.reconcile.children import owner_reference
+from sailplan.operator.reconcile.nodes import requested_gpus
+from sailplan.operator.reconcile.summary import KubeEvent
+
+QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
+GROUP: Final = "kueue.x-k8s.io"
+VERSION: Final = "v1beta1"
+PLURAL: Final = "workloads"
+KIND: Final = "Workload"
+ROLE_WORKLOAD: Final = "workload"
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+
+# The TrainingJob's condition about its Workload, and its reasons.
+COND_ADMITTED: Final = "Admitted"
+REASON_ADMITTED: Final = "Admitted"
+REASON_WORKLOAD_CREATED: Final = "WorkloadCreated"
+REASON_PENDING: Final = "Pending"  # Kueue's own reason: no quota (yet)
+REASON_QUEUE_NOT_FOUND: Final = "QueueNotFound"
+REASON_INADMISSIBLE: Final = "Inadmissible"
+REASON_EVICTED: Final = "Evicted"
+REASON_KUEUE_NOT_INSTALLED: Final = "KueueNotInstalled"
+# Running=False while the workers wait for admission.
+REASON_AWAITING_ADMISSION: Final = "AwaitingAdmission"
+
+# A Workload's status changes without an event the operator watches: it looks again soon
+# after creating one (Kueue admits within a second when quota is free), this often while
+# it waits, and this often while it runs (to notice an eviction).
+CREATED_POLL_SECONDS: Final = 1.0
+WAITING_POLL_SECONDS: Final = 5.0
+ADMITTED_POLL_SECONDS: Final = 15.0
+MISSING_POLL_SECONDS: Final = 60.0
+
+
+@dataclass(frozen=True)
+class ObservedWorkload:
+    """One of the job's Workloads as Kueue left it."""
+
+    name: str
+    generation: int
+    owner_uid: str
+    admitted: bool  # quota reserved and admitted, not evicted: the workers may run
+    reason: str  # why not (or REASON_ADMITTED)
+    message: str
+    cluster_queue: str = ""
+    deleting: bool = False
+
+
+def queue_of(job: TrainingJob) -> str:
+    return job.labels.get(QUEUE_LABEL, "")
+
+
+def workload_name(job: str, generation: int) -> str:
+    return f"{job}-g{generation}"
+
+
+def _conditions(body: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    items = (body.get("status") or {}).get("conditions") or []
+    return {str(c.get("type")): c for c in items if isinstance(c, Mapping)}
+
+
+def observed_workload(body: Mapping[str, Any]) -> ObservedWorkload | None:
+    """A Workload of the operator's as the reconcile sees it; None without its labels."""
+    metadata = body.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    try:
+        generation = int(labels[naming.LABEL_GENERATION])
+    except (KeyError, ValueError):
+        return None
+    owners = [o for o in metadata.get("ownerReferences") or () if o.get("controller")]
+    conditions = _conditions(body)
+
+    def true(type_: str) -> bool:
+        return conditions.get(type_, {}).get("status") == "True"
+
+    admission = (body.get("status") or {}).get("admission") or {}
+    cluster_queue = str(admission.get("clusterQueue") or "")
+    admitted = true("QuotaReserved") and true("Admitted") and not true("Evicted")
+    if admitted:
+        reason, message = REASON_ADMITTED, f"admitted by ClusterQueue {cluster_queue}"
+    elif true("Evicted"):
+        evicted = conditions["Evicted"]
+        reason = REASON_EVICTED
+        message = str(evicted.get("message") or evicted.get("reason") or "evicted")
+    else:
+        reserved = conditions.get("QuotaReserved", {})
+        message = str(reserved.get("message") or "")
+        reason = str(reserved.get("reason") or REASON_PENDING)
+        if reason == REASON_INADMISSIBLE and "doesn't exist" in message:
+            reason = REASON_QUEUE_NOT_FOUND
+        if not message:
+            message = "not looked at by Kueue yet"
+    return ObservedWorkload(
+        name=str(metadata.get("name", "")),
+        generation=generation,
+        owner_uid=str(owners[0].get("uid", "")) if owners else "",
+        admitted=admitted,
+        reason=reason,
+        message=message,
+        cluster_queue=cluster_queue,
+        deleting=bool(metadata.get("deletionTimestamp")),
+    )
+
+
+def _pod_set_name(gpupool: str, gpus: int, shapes: int) -> str:
+    # A DNS label (pool names may hold dots); the GPU count only where a pool has several.
+    base = gpupool.replace(".", "-")
+    name = f"{base[:50]}-{gpus}gpu" if shapes > 1 else base[:63]
+    return name.strip("-") or "workers"
+
+
+def _template(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """What Kueue needs of a worker: its requests (the quota it takes) and where it may
+    run (node affinity, tolerations: the flavor it fits), nothing per rank."""
+    spec = pod.get("spec") or {}
+    template: dict[str, Any] = {
+        "restartPolicy": spec.get("restartPolicy", "Never"),
+        "containers": [
+            {"name": c["name"], "image": c.get("image", ""), "resources": c.get("resources", {})}
+            for c in spec.get("containers") or ()
+        ],
+    }
+    for key in ("nodeSelector", "affinity", "tolerations", "priorityClassName"):
+        if spec.get(key):
+            template[key] = spec[key]
+    return template
+
+
+def render_workload(
+    job: TrainingJob, generation: int, pods: Sequence[Mapping[str, Any]], queue: str
+) -> dict[str, Any]:
+    """The Workload of plan generation `generation`, from all of its rendered workers: one
+    pod set per (GPUPool, GPUs per worker), in that order (Kueue allows at most 8)."""
+    groups: dict[str, dict[int, list[Mapping[str, Any]]]] = {}
+    for pod in pods:
+        pool = str((pod["metadata"].get("labels") or {}).get(naming.LABEL_GPUPOOL, ""))
+        groups.setdefault(pool, {}).setdefault(requested_gpus(pod), []).append(pod)
+    pod_sets = [
+        {
+            "name": _pod_set_name(pool, gpus, len(shapes)),
+            "count": len(members),
+            "template": {
+                "metadata": {"labels": {naming.LABEL_GPUPOOL: pool}},
+                "spec": _template(members[0]),
+            },
+        }
+        for pool, shapes in sorted(groups.items())
+        for gpus, members in sorted(shapes.items())
+    ]
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": {
+            "name": workload_name(job.name, generation),
+            "namespace": job.namespace,
+            "labels": {
+                **naming.job_labels(job.name, ROLE_WORKLOAD),
+                naming.LABEL_GENERATION: str(generation),
+                QUEUE_LABEL: queue,
+            },
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": {"queueName": queue, "podSets": pod_sets},
+    }
+
+
+def gang_summary(workload: Mapping[str, Any]) -> str:
+    """'8 GPUs: a100-pool 2x4' — what a Workload asks Kueue for."""
+    parts = []
+    total = 0
+    for pod_set in workload["spec"]["podSets"]:
+        containers = pod_set["template"]["spec"]["containers"]
+        each = sum(
+            int((c.get("resources") or {}).get("requests", {}).get(GPU_RESOURCE, 0) or 0)
+            for c in containers
+        )
+        total += each * pod_set["count"]
+        pool = pod_set["template"]["metadata"]["labels"][naming.LABEL_GPUPOOL]
+        parts.append(f"{pool} {pod_set['count']}x{each}")
+    return f"{total} GPUs: {', '.join(parts)}"
+
+
+def evicted(
+    job: TrainingJob, workloads: Sequence[ObservedWorkload] | None, live_pods: Sequence[int]
+) -> ObservedWorkload | None:
+    """The current generation's Workload when it lost its admission while workers of that
+    generation are alive (`live_pods`: their generations): those were started under the
+    admission, so Kueue evicted or preempted the job, which must stop as if suspended."""
+    if not queue_of(job) or not workloads or job.status.replan is None:
+        return None
+    generation = job.status.replan.generation
+    current = next((w for w in workloads if w.generation == generation), None)
+    if current is None or current.admitted or current.deleting:
+        return None
+    return current if generation in live_pods else None
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What the Kueue side changes in a pass: the creations (withheld workers removed, the
+    Workload added), Workloads to delete, conditions to set, Events, when to look again."""
+
+    create: tuple[dict[str, Any], ...]
+    delete_workloads: tuple[str, ...] = ()
+    conditions: tuple[Condition, ...] = ()
+    events: tuple[KubeEvent, ...] = ()
+    requeue_after: float | None = None
+
+
+def admit(
+    job: TrainingJob,
+    workloads: Sequence[ObservedWorkload] | None,
+    create: Sequence[dict[str, Any]],
+    *,
+    generation: int | None,
+    generation_pods: Sequence[Mapping[str, Any]],
+    finished: bool,
+    previous: Condition | None,
+) -> Admission | None:
+    """Gate the pass's worker creations on the Workload of plan generation `generation`
+    (`generation_pods`: all its rendered workers). None: the job is not queued."""
+    queue = queue_of(job)
+    if not queue:
+        return None
+    observed = job.generation
+    others = tuple(o for o in create if o["kind"] != "Pod")
+    pods = [o for o in create if o["kind"] == "Pod"]
+    if finished:
+        # Deleting the Workload returns its quota (Kueue's own integrations mark theirs
+        # Finished instead; that needs write access to Workload status).
+        names = tuple(w.name for w in workloads or () if not w.deleting)
+        return Admission(tuple(create), delete_workloads=names)
+    if workloads is None:
+        message = (
+            f"label {QUEUE_LABEL}={queue} asks for Kueue admission, but the API server does "
+            "not serve workloads.kueue.x-k8s.io (Kueue is not installed): install Kueue or "
+            "remove the label"
+        )
+        return _waiting(
+            job,
+            others,
+            reason=REASON_KUEUE_NOT_INSTALLED,
+            message=message,
+            previous=previous,
+            poll_seconds=MISSING_POLL_SECONDS,
+        )
+    if generation is None:
+        return Admission(tuple(create))  # nothing planned yet: nothing to queue
+    stale = tuple(w.name for w in workloads if w.generation != generation and not w.deleting)
+    current = next((w for w in workloads if w.generation == generation), None)
+    if current is None or current.deleting:
+        if not pods or not generation_pods:
+            return Admission(tuple(create), delete_workloads=stale)
+        workload = render_workload(job, generation, generation_pods, queue)
+        message = (
+            f"Workload {workload['metadata']['name']} ({gang_summary(workload)}) queued in "
+            f"LocalQueue {queue}; the workers start once Kueue admits it"
+        )
+        waiting = _waiting(
+            job,
+            (*others, workload),
+            reason=REASON_WORKLOAD_CREATED,
+            message=message,
+            previous=previous,
+            poll_seconds=CREATED_POLL_SECONDS,
+        )
+        return _with(waiting, delete_workloads=stale)
+    if current.admitted:
+        condition = Condition(
+            type=COND_ADMITTED,
+            status="True",
+            reason=REASON_ADMITTED,
+            message=f"Workload {current.name} {current.message}",
+            observed_generation=observed,
+        )
+        events: tuple[KubeEvent, ...] = ()
+        if previous is None or previous.status != "True":
+            events = (KubeEvent("Normal", REASON_ADMITTED, condition.message),)
+        return Admission(
+            tuple(create),
+            delete_workloads=stale,
+            conditions=(condition,),
+            events=events,
+            requeue_after=ADMITTED_POLL_SECONDS,
+        )
+    message = f"Workload {current.name}: {current.message}"
+    if current.reason == REASON_QUEUE_NOT_FOUND:
+        message += f" (label {QUEUE_LABEL}: name a LocalQueue of namespace {job.namespace})"
+    waiting = _waiting(
+        job,
+        others,
+        reason=current.reason,
+        message=message,
+        previous=previous,
+        poll_seconds=WAITING_POLL_SECONDS,
+    )
+    return _with(waiting, delete_workloads=stale)
+
+
+def _with(admission: Admission, *, delete_workloads: tuple[str, ...]) -> Admission:
+    return Admission(
+        admission.create,
+        delete_workloads=delete_workloads,
+        conditions=admission.conditions,
+        events=admission.events,
+        requeue_after=admission.requeue_after,
+    )
+
+
+def _waiting(
+    job: TrainingJob,
+    create: Sequence[dict[str, Any]],
+    *,
+    reason: str,
+    message: str,
+    previous: Condition | None,
+    poll_seconds: float,
+) -> Admission:
+    """No workers start: Admitted=False and Running=False say why; an Event when the
+    reason changes (a Warning for what the user has to fix)."""
+    observed = job.generation
+    admitted = Condition(
+        type=COND_ADMITTED,
+        status="False",
+        reason=reason,
+        message=message,
+        observed_generation=observed,
+    )
+    running = Condition(
+        type=COND_RUNNING,
+        status="False",
+        reason=REASON_AWAITING_ADMISSION,
+        message=message,
+        observed_generation=observed,
+    )
+    events: tuple[KubeEvent, ...] = ()
+    if previous is None or (previous.status, previous.reason) != ("False", reason):
+        warning = reason in (
+            REASON_QUEUE_NOT_FOUND,
+            REASON_INADMISSIBLE,
+            REASON_KUEUE_NOT_INSTALLED,
+        )
+        events = (KubeEvent("Warning" if warning else "Normal", reason, message),)
+    return Admission(
+        tuple(create), conditions=(admitted, running), events=events, requeue_after=poll_seconds
+    )

@@ -1,0 +1,326 @@
+"""Kueue admission through the pure TrainingJob reconcile (reconcile.kueue): a job with a
+queue name plans, queues one Workload for its plan's GPUs and starts no worker until Kueue
+admits it; the reason it waits is on the job; an eviction drains it like spec.suspend and
+the next plan queues a new Workload; a finished job gives its quota back. The same against
+the real Kueue: test_kueue_cluster.py."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from operator_builders import JOB_SPEC, RecordingPlanner
+from test_reconcile_trainingjob import NOW, _reason, observe, refuse, with_status
+
+from sailplan.operator.api.common import find_condition
+from sailplan.operator.api.gpupool import GPUPool
+from sailplan.operator.api.trainingjob import TrainingJob, TrainingJobStatus
+from sailplan.operator.reconcile import kueue
+from sailplan.operator.reconcile.trainingjob import Observed, Outcome, reconcile
+from sailplan.planner.api import Planned
+from sailplan.planner.catalog import Catalog
+from sailplan.planner.plan import Plan
+from sailplan.planner.workerenv import CHECKPOINT_REQUEST_ANNOTATION
+
+QUEUE = "team-a-gpus"
+
+
+def admitted_message(status: TrainingJobStatus) -> str | None:
+    condition = find_condition(status.conditions, kueue.COND_ADMITTED)
+    return condition.message if condition else None
+
+
+@pytest.fixture
+def job(make_job: Callable[..., TrainingJob]) -> TrainingJob:
+    return make_job().model_copy(update={"labels": {kueue.QUEUE_LABEL: QUEUE}})
+
+
+def workload_status(workload: dict[str, Any], **conditions: tuple[str, str, str]) -> dict[str, Any]:
+    """The Workload as Kueue left it: conditions type -> (status, reason, message)."""
+    status: dict[str, Any] = {
+        "conditions": [
+            {"type": type_, "status": s, "reason": reason, "message": message}
+            for type_, (s, reason, message) in conditions.items()
+        ]
+    }
+    if conditions.get("QuotaReserved", ("False",))[0] == "True":
+        status["admission"] = {"clusterQueue": "gpus"}
+    return workload | {"status": status}
+
+
+ADMITTED = {
+    "QuotaReserved": ("True", "QuotaReserved", "Quota reserved in ClusterQueue gpus"),
+    "Admitted": ("True", "Admitted", "The workload is admitted"),
+}
+NO_QUOTA = {
+    "QuotaReserved": (
+        "False",
+        "Pending",
+        "couldn't assign flavors to pod set a100: insufficient unused quota for "
+        "nvidia.com/gpu in flavor a100, 4 more needed",
+    )
+}
+
+
+def observed_with(observed: Observed, *bodies: dict[str, Any]) -> Observed:
+    workloads = tuple(w for w in map(kueue.observed_workload, bodies) if w is not None)
+    return dataclasses.replace(observed, workloads=workloads)
+
+
+def first_pass(
+    job: TrainingJob, pools: tuple[GPUPool, ...], plan: Plan, catalog: Catalog
+) -> Outcome:
+    return reconcile(
+        Observed(job=job, pools=pools), RecordingPlanner(Planned(best=plan)), catalog, NOW
+    )
+
+
+def test_a_queued_job_plans_then_queues_its_plan_as_one_workload_and_starts_no_worker(
+    job: TrainingJob, pools: tuple[GPUPool, ...], plan: Plan, catalog: Catalog
+) -> None:
+    outcome = first_pass(job, pools, plan, catalog)
+    kinds = [o["kind"] for o in outcome.create]
+    assert kinds == ["ConfigMap", "Service", "Workload"]
+    (workload,) = [o for o in outcome.create if o["kind"] == "Workload"]
+    assert workload["spec"]["queueName"] == QUEUE
+    assert workload["metadata"]["ownerReferences"][0]["uid"] == job.uid
+    # The gang: per GPUPool the plan's workers and the GPUs each holds (its stage's TP).
+    expected: dict[str, list[int]] = {}
+    for stage in plan.stages:
+        for replica in stage.replicas:
+            gpupool = replica.pool.split("/")[0]
+            expected.setdefault(gpupool, []).append(stage.tensor_parallel)
+    asked = {
+        ps["template"]["metadata"]["labels"]["sailplan.dev/gpupool"]: (
+            ps["count"],
+            ps["template"]["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"],
+        )
+        for ps in workload["spec"]["podSets"]
+    }
+    assert {p: (len(v), v[0]) for p, v in expected.items()} == {
+        p: (count, int(gpus)) for p, (count, gpus) in asked.items()
+    }
+    # The flavor Kueue assigns follows the workers' own node affinity to their pool.
+    for pod_set in workload["spec"]["podSets"]:
+        affinity = pod_set["template"]["spec"]["affinity"]["nodeAffinity"]
+        assert affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    status = outcome.status
+    assert status.phase == "Pending"
+    assert _reason(status, kueue.COND_ADMITTED) == ("False", kueue.REASON_WORKLOAD_CREATED)
+    assert _reason(status, "Running") == ("False", kueue.REASON_AWAITING_ADMISSION)
+    assert outcome.requeue_after is not None  # Kueue's answer is looked at again soon
+    assert "PodsCreated" not in [e.reason for e in outcome.events]
+
+
+def test_workers_start_only_once_kueue_admitted_the_workload(
+    job: TrainingJob, pools: tuple[GPUPool, ...], plan: Plan, catalog: Catalog
+) -> None:
+    first = first_pass(job, pools, plan, catalog)
+    (workload,) = [o for o in first.create if o["kind"] == "Workload"]
+    job = with_status(job, first)
+    created = list(first.create)
+
+    waiting = reconcile(
+        observed_with(observe(job, pools, created), workload_status(workload, **NO_QUOTA)),
+        refuse,
+        catalog,
+        NOW + timedelta(seconds=5),
+    )
+    assert [o["kind"] for o in waiting.create] == []
+    admitted = admitted_message(waiting.status)
+    assert admitted is not None and "insufficient unused quota" in admitted
+    assert _reason(waiting.status, kueue.COND_ADMITTED) == ("False", "Pending")
+    assert "Pending" in [e.reason for e in waiting.events]
+    job = with_status(job, waiting)
+
+    running = reconcile(
+        observed_with(observe(job, pools, created), workload_status(workload, **ADMITTED)),
+        refuse,
+        catalog,
+        NOW + timedelta(seconds=10),
+    )
+    assert [o["kind"] for o in running.create] == ["Pod"] * len(plan.workers())
+    assert _reason(running.status, kueue.COND_ADMITTED) == ("True", kueue.REASON_ADMITTED)
+    assert "Admitted" in [e.reason for e in running.events]
+    assert running.delete_workloads == ()
+
+
+def test_a_queue_that_does_not_exist_is_the_reason_and_names_the_label(
+    job: TrainingJob, pools: tuple[GPUPool, ...], plan: Plan, catalog: Catalog
+) -> None:
+    first = first_pass(job, pools, plan, catalog)
+    (workload,) = [o for o in first.create if o["kind"] == "Workload"]
+    job = with_status(job, first)
+    missing = {
+        "QuotaReserved": ("False", "Inadmissible", f"LocalQueue {QUEUE} doesn't exist"),
+    }
+    outcome = reconcile(
+        observed_with(
+            observe(job, pools, list(first.create)), workload_status(workload, **missing)
+        ),
+        refuse,
+        catalog,
+        NOW,
+    )
+    assert not [o for o in outcome.create if o["kind"] == "Pod"]
+    assert _reason(outcome.status, kueue.COND_ADMITTED) == ("False", kueue.REASON_QUEUE_NOT_FOUND)
+    message = admitted_message(outcome.status) or ""
+    assert f"LocalQueue {QUEUE} doesn't exist" in message and kueue.QUEUE_LABEL in message
+    assert ("Warning", kueue.REASON_QUEUE_NOT_FOUND) in [(e.type, e.reason) for e in outcome.events]
+
+
+def test_without_kueue_installed_a_queued_job_says_so_and_an_unqueued_one_runs(
+    job: TrainingJob,
+    make_job: Callable[..., TrainingJob],
+    pools: tuple[GPUPool, ...],
+    plan: Plan,
+    catalog: Catalog,
+) -> None:
+    planner = RecordingPlanner(Planned(best=plan))
+    queued = reconcile(Observed(job=job, pools=pools, workloads=None), planner, catalog, NOW)
+    assert [o["kind"] for o in queued.create] == ["ConfigMap", "Service"]
+    assert _reason(queued.status, kueue.COND_ADMITTED) == (
+        "False",
+        kueue.REASON_KUEUE_NOT_INSTALLED,
+    )
+    plain = reconcile(Observed(job=make_job(), pools=pools, workloads=None), planner, catalog, NOW)
+    assert [o["kind"] for o in plain.create].count("Pod") == len(plan.workers())
+    assert _reason(plain.status, kueue.COND_ADMITTED) is None
+
+
+def test_an_evicted_workload_drains_the_job_and_its_next_plan_queues_a_new_one(
+    job: TrainingJob, pools: tuple[GPUPool, ...], plan: Plan, catalog: Catalog
+) -> None:
+    first = first_pass(job, pools, plan, catalog)
+    (workload,) = [o for o in first.create if o["kind"] == "Workload"]
+    job = with_status(job, first)
+    admitted = workload_status(workload, **ADMITTED)
+    started = reconcile(
+        observed_with(observe(job, pools, list(first.create)), admitted), refuse, catalog, NOW
+    )
+    created = [*first.create, *started.create]
+    job = with_status(job, started)
+    running = dict.fromkeys(range(4), "Running")
+    steady = reconcile(
+        observed_with(observe(job, pools, created, running), admitted), refuse, catalog, NOW
+    )
+    assert steady.status.phase == "Running"
+    job = with_status(job, steady)
+
+    evicted = workload_status(
+        workload,
+        QuotaReserved=("True", "QuotaReserved", ""),
+        Admitted=("True", "Admitted", ""),
+        Evicted=("True", "Preempted", "Preempted to accommodate a workload of higher priority"),
+    )
+    drain = reconcile(
+        observed_with(observe(job, pools, created, running), evicted),
+        refuse,
+        catalog,
+        NOW + timedelta(seconds=30),
+    )
+    workers = [o["metadata"]["name"] for o in created if o["kind"] == "Pod"]
+    assert drain.annotate_pods == tuple(
+        (name, {CHECKPOINT_REQUEST_ANNOTATION: "1"}) for name in workers
+    )
+    assert _reason(drain.status, kueue.COND_ADMITTED) == ("False", kueue.REASON_EVICTED)
+    assert "higher priority" in (admitted_message(drain.status) or "")
+    job = with_status(job, drain)
+    exited = reconcile(
+        observed_with(observe(job, pools, created, dict.fromkeys(range(4), "Succeeded")), evicted),
+        refuse,
+        catalog,
+        NOW + timedelta(seconds=40),
+    )
+    assert set(exited.delete_pods) == set(workers)
+    job = with_status(job, exited)
+
+    # The workers are gone: the job plans anew and queues the new plan; the old Workload
+    # (and its quota) goes.
+    kept = [o for o in created if o["kind"] != "Pod"]
+    replanned = reconcile(
+        observed_with(observe(job, pools, kept), evicted),
+        RecordingPlanner(Planned(best=plan)),
+        catalog,
+        NOW + timedelta(seconds=50),
+    )
+    (new,) = [o for o in replanned.create if o["kind"] == "Workload"]
+    assert new["metadata"]["name"] == kueue.workload_name(job.name, 2)
+    assert not [o for o in replanned.create if o["kind"] == "Pod"]
+    assert replanned.delete_workloads == (workload["metadata"]["name"],)
+
+
+def test_a_finished_job_deletes_its_workload_which_returns_the_quota(
+    job: TrainingJob, pools: tuple[GPUPool, ...], plan: Plan, catalog: Catalog
+) -> None:
+    first = first_pass(job, pools, plan, catalog)
+    (workload,) = [o for o in first.create if o["kind"] == "Workload"]
+    job = with_status(job, first)
+    admitted = workload_status(workload, **ADMITTED)
+    started = reconcile(
+        observed_with(observe(job, pools, list(first.create)), admitted), refuse, catalog, NOW
+    )
+    created = [*first.create, *started.create]
+    job = with_status(job, started)
+    done = reconcile(
+        observed_with(observe(job, pools, created, dict.fromkeys(range(4), "Succeeded")), admitted),
+        refuse,
+        catalog,
+        NOW + timedelta(seconds=60),
+    )
+    assert done.status.phase == "Succeeded"
+    assert done.delete_workloads == (workload["metadata"]["name"],)
+
+
+def test_a_spec_suspended_queued_job_never_creates_a_workload(
+    make_job: Callable[..., TrainingJob], pools: tuple[GPUPool, ...], catalog: Catalog
+) -> None:
+    job = make_job(JOB_SPEC | {"suspend": True}).model_copy(
+        update={"labels": {kueue.QUEUE_LABEL: QUEUE}}
+    )
+    outcome = reconcile(Observed(job=job, pools=pools), refuse, catalog, NOW)
+    assert outcome.create == () and outcome.status.phase == "Suspended"
+
+
+def test_the_shipped_queues_give_every_example_gpupool_its_flavor_and_quota() -> None:
+    """manifests/kueue/queues.yaml (docs/guide/kueue.md) fits manifests/examples: one
+    ResourceFlavor per example GPUPool selecting its node pool, each with a GPU quota in the
+    ClusterQueue, and the LocalQueue in the examples' namespace."""
+    root = Path(__file__).resolve().parents[2]
+    queues = list(yaml.safe_load_all((root / "manifests/kueue/queues.yaml").read_text()))
+    examples = [
+        d
+        for f in sorted((root / "manifests/examples").glob("*.yaml"))
+        for d in yaml.safe_load_all(f.read_text())
+        if d
+    ]
+    # A pool names its GKE node pool, or selects its nodes by that label.
+    node_pools = {
+        d["spec"].get("nodePool")
+        or d["spec"]["selector"]["matchLabels"]["cloud.google.com/gke-nodepool"]
+        for d in examples
+        if d["kind"] == "GPUPool"
+    }
+    flavors = {
+        d["metadata"]["name"]: d["spec"]["nodeLabels"]["cloud.google.com/gke-nodepool"]
+        for d in queues
+        if d["kind"] == "ResourceFlavor"
+    }
+    assert sorted(flavors.values()) == sorted(node_pools)
+    (cluster_queue,) = [d for d in queues if d["kind"] == "ClusterQueue"]
+    (group,) = cluster_queue["spec"]["resourceGroups"]
+    assert set(group["coveredResources"]) == {"cpu", "memory", kueue.GPU_RESOURCE}
+    quotas = {
+        f["name"]: {r["name"]: r["nominalQuota"] for r in f["resources"]} for f in group["flavors"]
+    }
+    assert set(quotas) == set(flavors)
+    assert all(int(q[kueue.GPU_RESOURCE]) > 0 for q in quotas.values())
+    (local,) = [d for d in queues if d["kind"] == "LocalQueue"]
+    namespaces = {d["metadata"]["name"] for d in examples if d["kind"] == "Namespace"}
+    assert local["metadata"]["namespace"] in namespaces
+    assert local["spec"]["clusterQueue"] == cluster_queue["metadata"]["name"]
