@@ -164,6 +164,18 @@ class Kube:
         ).get("items", [])
         return items
 
+    def list_running_pods(self, label_selector: str) -> list[dict[str, Any]]:
+        """Every namespace's running pods with these labels (rank 0 of every job, for its
+        progress: controller.progress)."""
+        items: list[dict[str, Any]] = self._json(
+            self.core.list_pod_for_all_namespaces(
+                label_selector=label_selector,
+                field_selector="status.phase=Running",
+                _preload_content=False,
+            )
+        ).get("items", [])
+        return items
+
     def list_job_children(
         self, namespace: str, job: str
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:

@@ -22,6 +22,7 @@ POD_NAME: Final = "SAILPLAN_POD_NAME"  # downward API
 POD_NAMESPACE: Final = "SAILPLAN_POD_NAMESPACE"  # downward API
 PODINFO_DIR: Final = "SAILPLAN_PODINFO_DIR"  # downward API volume with the pod's annotations
 METRICS_PORT: Final = "SAILPLAN_METRICS_PORT"  # Prometheus port of each worker; 0 disables
+METRICS_PORT_NAME: Final = "metrics"  # the trainer container's port of that name
 
 DEFAULT_PLAN_PATH: Final = "/etc/sailplan/plan/plan.json"
 DEFAULT_TRAINER_CONFIG_PATH: Final = "/etc/sailplan/plan/trainer.json"
@@ -29,9 +30,16 @@ DEFAULT_PODINFO_DIR: Final = "/etc/podinfo"
 DEFAULT_MASTER_PORT: Final = 29500
 DEFAULT_METRICS_PORT: Final = 9400
 
+# -- progress --------------------------------------------------------------------------------
+# Gauges every worker's local rank 0 serves on METRICS_PORT (Prometheus text format). The
+# operator reads worker 0's (global rank 0) at the pod's IP into TrainerProgress and the
+# TrainingJob's status.progress; the trainer writes nothing to the API server.
+METRIC_STEP: Final = "sailplan_trainer_step"  # completed steps; 0 before the first
+METRIC_LOSS: Final = "sailplan_trainer_loss"
+METRIC_SAMPLES_PER_SECOND: Final = "sailplan_trainer_samples_per_second"
+METRIC_LAST_CHECKPOINT: Final = "sailplan_trainer_last_checkpoint_step"  # 0: none yet
+
 # -- annotations -----------------------------------------------------------------------------
-# Rank 0 patches its own pod with JSON TrainerProgress; the operator mirrors it to status.
-PROGRESS_ANNOTATION: Final = "sailplan.dev/progress"
 # The operator sets this on every worker to ask for a checkpoint at the next step boundary
 # and a clean exit (a planned switch). The value is the plan generation being retired. The
 # trainer sees it through the downward API volume (PODINFO_DIR/annotations).
@@ -76,7 +84,7 @@ class TrainerConfig(BaseModel):
 
 
 class TrainerProgress(BaseModel):
-    """What rank 0 reports in PROGRESS_ANNOTATION."""
+    """What rank 0 reports through its METRIC_* gauges."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -1,114 +1,69 @@
-"""Progress out of the trainer: a JSON line per step, Prometheus metrics, the pod annotation.
+"""Progress out of the trainer: a JSON line per step on rank 0, Prometheus gauges.
 
-Rank 0 patches PROGRESS_ANNOTATION (a TrainerProgress JSON) onto its own Pod; the operator
-mirrors it into the TrainingJob status. The patch runs in a background thread, throttled and
-latest-value-wins, so a slow API server never stalls a step; outside a cluster (no service
-account, no pod name) it is skipped quietly. Every worker's local rank 0 serves Prometheus
-metrics on SAILPLAN_METRICS_PORT (0 disables). Called by the engine after every step.
+Every worker's local rank 0 serves the workerenv.METRIC_* gauges on SAILPLAN_METRICS_PORT
+(0 disables); worker 0's are global rank 0's, which the operator reads into the
+TrainingJob's status.progress. The trainer itself makes no API call (its pods mount no
+service-account token). Called by the engine after every step.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 import threading
-import time
+from collections.abc import Iterator
 from typing import Any
 
 from sailplan.planner.workerenv import (
     DEFAULT_METRICS_PORT,
+    METRIC_LAST_CHECKPOINT,
+    METRIC_LOSS,
+    METRIC_SAMPLES_PER_SECOND,
+    METRIC_STEP,
     METRICS_PORT,
-    POD_NAME,
-    POD_NAMESPACE,
-    PROGRESS_ANNOTATION,
-    TrainerProgress,
 )
 
-log = logging.getLogger(__name__)
-
-_PATCH_INTERVAL_S = 5.0
-
-
-class PodAnnotator:
-    """Background patcher of the progress annotation on this pod (in-cluster only)."""
-
-    def __init__(self, api: Any, name: str, namespace: str) -> None:
-        self.api, self.name, self.namespace = api, name, namespace
-        self._latest: TrainerProgress | None = None
-        self._event = threading.Event()
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._loop, name="progress-patch", daemon=True)
-        self._thread.start()
-
-    @classmethod
-    def from_environment(cls) -> PodAnnotator | None:
-        name, namespace = os.environ.get(POD_NAME), os.environ.get(POD_NAMESPACE)
-        if not name or not namespace or not os.environ.get("KUBERNETES_SERVICE_HOST"):
-            return None
-        try:
-            from kubernetes import client, config
-
-            # A kubeconfig (the local e2e pod runner gives each pod one carrying the pod's
-            # own service-account token) wins over the in-cluster files.
-            if os.environ.get("KUBECONFIG"):
-                config.load_kube_config()  # type: ignore[no-untyped-call]
-            else:
-                config.load_incluster_config()  # type: ignore[no-untyped-call]
-        except Exception as error:  # not in a cluster, or no service account: skip quietly
-            log.info("progress annotation disabled: %s", error)
-            return None
-        return cls(client.CoreV1Api(), name, namespace)
-
-    def publish(self, progress: TrainerProgress) -> None:
-        with self._lock:
-            self._latest = progress
-        self._event.set()
-
-    def _loop(self) -> None:
-        while True:
-            self._event.wait()
-            self._event.clear()
-            with self._lock:
-                progress = self._latest
-            if progress is None:
-                continue
-            body = {"metadata": {"annotations": {PROGRESS_ANNOTATION: progress.model_dump_json()}}}
-            try:
-                self.api.patch_namespaced_pod(self.name, self.namespace, body)
-            except Exception as error:  # the next step retries with fresher numbers
-                log.warning("progress patch failed: %s", error)
-            time.sleep(_PATCH_INTERVAL_S)
+_GAUGES = {
+    METRIC_STEP: "completed steps",
+    METRIC_LOSS: "mean loss of the last step",
+    METRIC_SAMPLES_PER_SECOND: "training throughput",
+    METRIC_LAST_CHECKPOINT: "newest complete checkpoint",
+}
 
 
 class Metrics:
-    def __init__(self, port: int) -> None:
-        from prometheus_client import CollectorRegistry, Gauge, start_http_server
+    """The gauges, served from one snapshot: a scrape never sees a step with the previous
+    step's loss (the operator copies them into status.progress together)."""
 
+    def __init__(self, port: int) -> None:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        self._lock = threading.Lock()
+        self._values = dict.fromkeys(_GAUGES, 0.0)
         self.registry = CollectorRegistry()
-        self.step = Gauge("sailplan_trainer_step", "completed steps", registry=self.registry)
-        self.loss = Gauge(
-            "sailplan_trainer_loss", "mean loss of the last step", registry=self.registry
-        )
-        self.samples = Gauge(
-            "sailplan_trainer_samples_per_second", "training throughput", registry=self.registry
-        )
-        self.checkpoint = Gauge(
-            "sailplan_trainer_last_checkpoint_step",
-            "newest complete checkpoint",
-            registry=self.registry,
-        )
+        self.registry.register(self)
         start_http_server(port, registry=self.registry)
+
+    def set(self, values: dict[str, float]) -> None:
+        with self._lock:
+            self._values.update(values)
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        with self._lock:
+            values = dict(self._values)
+        for name, help_text in _GAUGES.items():
+            yield GaugeMetricFamily(name, help_text, value=values[name])
 
 
 class Reporter:
-    """What one rank reports; rank 0 logs and annotates, each worker's local rank 0 serves metrics."""
+    """What one rank reports: rank 0 logs, each worker's local rank 0 serves the gauges."""
 
     def __init__(self, *, rank: int, local_rank: int, generation: int) -> None:
         self.rank = rank
         self.generation = generation
-        self.annotator = PodAnnotator.from_environment() if rank == 0 else None
         port = int(os.environ.get(METRICS_PORT, DEFAULT_METRICS_PORT))
         self.metrics = Metrics(port) if local_rank == 0 and port > 0 else None
 
@@ -121,11 +76,14 @@ class Reporter:
         seconds: float,
     ) -> None:
         if self.metrics is not None:
-            self.metrics.step.set(step)
-            self.metrics.loss.set(loss)
-            self.metrics.samples.set(samples_per_second)
+            values = {
+                METRIC_STEP: float(step),
+                METRIC_LOSS: loss,
+                METRIC_SAMPLES_PER_SECOND: samples_per_second,
+            }
             if last_checkpoint is not None:
-                self.metrics.checkpoint.set(last_checkpoint)
+                values[METRIC_LAST_CHECKPOINT] = float(last_checkpoint)
+            self.metrics.set(values)
         if self.rank != 0:
             return
         self.event(
@@ -136,16 +94,6 @@ class Reporter:
             step_seconds=round(seconds, 4),
             last_checkpoint_step=last_checkpoint,
         )
-        if self.annotator is not None:
-            self.annotator.publish(
-                TrainerProgress(
-                    step=step,
-                    loss=loss,
-                    samples_per_second=samples_per_second,
-                    last_checkpoint_step=last_checkpoint,
-                    plan_generation=self.generation,
-                )
-            )
 
     def event(self, kind: str, **fields: Any) -> None:
         if self.rank == 0:

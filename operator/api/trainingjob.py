@@ -743,10 +743,17 @@ class PlanHistoryEntry(StatusModel):
 
 
 class Progress(StatusModel):
+    """Rank 0's numbers, read by the operator from its metrics endpoint."""
+
     step: int = 0
     loss: float | None = None
     samples_per_second: DisplayNumber = None
     last_checkpoint_step: int | None = None
+    time: datetime | None = Field(
+        default=None,
+        description="when the operator first read this step from rank 0; a rank 0 it "
+        "cannot reach leaves the last numbers here, ageing",
+    )
 
 
 class WorkerCounts(StatusModel):

@@ -69,6 +69,14 @@ def run_command(  # noqa: PLR0917 (typer maps each parameter to an option)
         Path | None, typer.Option("--catalog", help="YAML merged over the built-in catalog")
     ] = None,
     log_format: Annotated[str, typer.Option(help="json or plain")] = "json",
+    progress_seconds: Annotated[
+        float,
+        typer.Option(
+            min=1,
+            help="seconds between reads of every running job's rank 0 metrics endpoint "
+            "(status.progress)",
+        ),
+    ] = 10.0,
     verbose: Annotated[bool, typer.Option(help="debug logging")] = False,
     resync_seconds: Annotated[
         float,
@@ -143,6 +151,7 @@ def run_command(  # noqa: PLR0917 (typer maps each parameter to an option)
         namespaces=tuple(namespace or ()),
         profile_namespace=profile_namespace,
         metrics_port=None if leader_elect else metrics_port or None,
+        progress_seconds=progress_seconds,
         resync_seconds=resync_seconds,
         replan=ReplanConfig(
             restart=RestartCostModel(

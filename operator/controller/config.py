@@ -17,5 +17,6 @@ class OperatorConfig:
     metrics_port: int | None = None
     workers: int = 4
     resync_seconds: float = 60.0
+    progress_seconds: float = 10.0  # between reads of every job's rank 0 metrics
     replan: ReplanConfig = field(default_factory=ReplanConfig)
     retry: Backoff = field(default_factory=Backoff)  # after a failed TrainingJob reconcile

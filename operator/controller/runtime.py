@@ -37,6 +37,7 @@ from sailplan.operator.controller.observation import (
     read_nodes,
     read_profiles,
 )
+from sailplan.operator.controller.progress import ProgressReader, attach
 from sailplan.operator.controller.queue import (
     CapacityTurns,
     Coalesced,
@@ -94,6 +95,7 @@ class Runtime:
     profile_store: ProfileStore = field(default_factory=ProfileStore)
     queue: WorkQueue = field(init=False)
     pools: Coalesced = field(init=False)
+    progress: ProgressReader = field(init=False)
     _stopping: bool = field(default=False, init=False)
     # One pass at a time reads capacity and creates pods, best rank first.
     turns: CapacityTurns = field(default_factory=CapacityTurns, init=False)
@@ -111,6 +113,12 @@ class Runtime:
     def __post_init__(self) -> None:
         self.queue = WorkQueue(self.reconcile_job, self.config.retry, self.rank)
         self.pools = Coalesced(self.refresh_pools)
+        self.progress = ProgressReader(
+            list_pods=self.kube.list_running_pods,
+            managed=lambda: set(self.jobs),
+            changed=self.queue.enqueue,
+            interval=self.config.progress_seconds,
+        )
 
     # -- planning ------------------------------------------------------------------------
     @functools.cached_property
@@ -313,6 +321,10 @@ class Runtime:
         # pass then reads those pods as reserved, so two jobs never plan onto the same GPUs.
         async with self.turns.turn(key, rank):
             observed = await observe(self.kube, parsed.job, measured, nodes)
+            # Rank 0's progress comes from its metrics endpoint (controller.progress).
+            observed = dataclasses.replace(
+                observed, pods=attach(observed.pods, self.progress.readings)
+            )
             ahead = held_back_by(key, rank, self.contenders) if not observed.pods else None
             if ahead is not None:
                 log.info(
@@ -464,6 +476,7 @@ class Runtime:
         for number in range(self.config.workers):
             self.supervisor.spawn(f"queue-worker-{number}", self.queue.work())
         self.supervisor.spawn("resync", self._resync())
+        self.supervisor.spawn("progress", self.progress.run())
 
     async def _resync(self) -> None:
         # Level-triggered safety net: whatever a missed event left behind is fixed here.

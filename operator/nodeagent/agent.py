@@ -10,7 +10,7 @@
 3. `assignment.assign` decides; resets go first, then locks, each through NVML; a failed
    call is logged in one line and counted, and retried next pass;
 4. sample the energy counter and power of every GPU it manages, read the job's step from
-   rank 0's progress annotation, and publish the metrics.
+   its status.progress (the operator's reading of rank 0), and publish the metrics.
 
 The agent remembers which GPUs it locked (to reset only those) in memory and, with
 --state-file, on the node, so a restarted agent still resets a GPU whose pod went while it
@@ -44,7 +44,6 @@ from sailplan.operator.nodeagent.metrics import AgentMetrics
 from sailplan.operator.nodeagent.nvml import NVML, NVMLError
 from sailplan.planner.catalog import Catalog, default_catalog
 from sailplan.planner.plan import Plan
-from sailplan.planner.workerenv import PROGRESS_ANNOTATION
 
 log = logging.getLogger("sailplan.nodeagent")
 
@@ -61,12 +60,10 @@ PLAN_KEY = "plan.json"
 
 
 class ClusterView(Protocol):
-    """The reads the agent makes of the API server (RBAC: get/list pods, get configmaps,
+    """The reads the agent makes of the API server (RBAC: list pods, get configmaps,
     get trainingjobs)."""
 
     def node_pods(self) -> list[dict[str, Any]]: ...
-
-    def pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]: ...
 
     def job(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
@@ -113,15 +110,9 @@ def _worker(pod: Mapping[str, Any]) -> _Worker | None:
     )
 
 
-def _progress_step(pod: Mapping[str, Any]) -> int | None:
-    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(PROGRESS_ANNOTATION)
-    if not raw:
-        return None
-    try:
-        step = json.loads(raw)["step"]
-    except (ValueError, KeyError, TypeError):
-        return None
-    return step if isinstance(step, int) else None
+def _progress_step(job: Mapping[str, Any] | None) -> int | None:
+    step = (((job or {}).get("status") or {}).get("progress") or {}).get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 @dataclass
@@ -201,15 +192,7 @@ class Agent:
         return jobs[(namespace, job)]
 
     def _step(self, worker: _Worker) -> int | None:
-        selector = (
-            f"{LABEL_JOB}={worker.job},{LABEL_GENERATION}={worker.generation},{LABEL_WORKER}=0"
-        )
-        steps = [
-            s
-            for p in self.cluster.pods(worker.namespace, selector)
-            if (s := _progress_step(p)) is not None
-        ]
-        return max(steps) if steps else None
+        return _progress_step(self.cluster.job(worker.namespace, worker.job))
 
     def _call(self, action: str, function: Any, *args: Any) -> bool:
         try:

@@ -38,15 +38,6 @@ class KubeView:
         items: list[dict[str, Any]] = body.get("items", [])
         return items
 
-    def pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        body = self._json(
-            self.core.list_namespaced_pod(
-                namespace, label_selector=label_selector, _preload_content=False
-            )
-        )
-        items: list[dict[str, Any]] = body.get("items", [])
-        return items
-
     def job(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return self._json(

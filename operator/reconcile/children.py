@@ -11,8 +11,6 @@ is merged in last (reconcile.overrides). Pure: returns dicts ready for the API s
 from __future__ import annotations
 
 import json
-import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -236,6 +234,7 @@ def _env(
         {"name": workerenv.POD_NAME, "valueFrom": field("metadata.name")},
         {"name": workerenv.POD_NAMESPACE, "valueFrom": field("metadata.namespace")},
         {"name": workerenv.PODINFO_DIR, "value": workerenv.DEFAULT_PODINFO_DIR},
+        {"name": workerenv.METRICS_PORT, "value": str(workerenv.DEFAULT_METRICS_PORT)},
     ]
 
 
@@ -272,38 +271,6 @@ def _volumes(job: TrainingJob, generation: int) -> tuple[list[Any], list[Any]]:
         )
         mounts.append({"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT})
     return volumes, mounts
-
-
-# Kubernetes quantity suffixes (resource.Quantity): binary and decimal multiples of a byte
-_SUFFIX_BYTES: dict[str, int] = {
-    "": 1,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-}
-_MEMORY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P|)$")
-
-
-def worker_memory(memory: str, plan: Plan, worker: Worker) -> str:
-    """The worker container's memory: spec.trainer.memory, plus for a stage with
-    optimizer_offload the host memory its GPUs' optimizer state takes (the plan's
-    prediction per GPU, times the worker's GPUs), so the offloaded Adam state is not
-    OOM-killed by the pod's limit. A quantity this cannot read is left as it is."""
-    stage = plan.stages[worker.stage]
-    predictions = plan.predictions
-    matched = _MEMORY.match(memory)
-    if not stage.optimizer_offload or predictions is None or matched is None:
-        return memory
-    base = float(matched.group(1)) * _SUFFIX_BYTES[matched.group(2)]
-    host = predictions.stages[worker.stage].host_memory_bytes * worker.tensor_parallel
-    return str(math.ceil(base + host))
 
 
 def render_worker_pod(
@@ -347,13 +314,14 @@ def render_worker_pod(
     trainer = job.spec.trainer
     volumes, mounts = _volumes(job, generation)
     gpus = str(worker.tensor_parallel)
-    memory = worker_memory(trainer.memory, plan, worker)
     pod_spec: dict[str, Any] = {
         "hostname": name,
         "subdomain": naming.service_name(job.name),
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "enableServiceLinks": False,
+        # The trainer makes no API call: its progress is read from its metrics endpoint.
+        "automountServiceAccountToken": False,
         "affinity": {"nodeAffinity": node_affinity(pool, zone)},
         "tolerations": pool_tolerations(pool),
         "securityContext": pod_security_context(),
@@ -364,10 +332,17 @@ def render_worker_pod(
                 "imagePullPolicy": trainer.image_pull_policy,
                 "command": list(trainer.command),
                 "env": _env(job, plan, worker, generation, attempt),
-                "ports": [{"name": "rendezvous", "containerPort": trainer.master_port}],
+                "ports": [
+                    {"name": "rendezvous", "containerPort": trainer.master_port},
+                    # The operator reads rank 0's progress here (controller.progress).
+                    {
+                        "name": workerenv.METRICS_PORT_NAME,
+                        "containerPort": workerenv.DEFAULT_METRICS_PORT,
+                    },
+                ],
                 "resources": {
-                    "requests": {"cpu": trainer.cpu, "memory": memory, GPU_RESOURCE: gpus},
-                    "limits": {"memory": memory, GPU_RESOURCE: gpus},
+                    "requests": {"cpu": trainer.cpu, "memory": trainer.memory, GPU_RESOURCE: gpus},
+                    "limits": {"memory": trainer.memory, GPU_RESOURCE: gpus},
                 },
                 "volumeMounts": mounts,
                 "securityContext": container_security_context(

@@ -1020,6 +1020,7 @@ def _run(
             loss=reported.loss,
             samples_per_second=reported.samples_per_second,
             last_checkpoint_step=reported.last_checkpoint_step,
+            time=rank0.progress_time,
         )
     status = status.model_copy(
         update={

@@ -20,6 +20,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final
 
@@ -32,11 +33,7 @@ from sailplan.operator.reconcile.snapshot import build_snapshot
 from sailplan.planner.cluster import ClusterSnapshot
 from sailplan.planner.plan import Plan
 from sailplan.planner.profiles.types import ProfileSet
-from sailplan.planner.workerenv import (
-    CHECKPOINT_REQUEST_ANNOTATION,
-    PROGRESS_ANNOTATION,
-    TrainerProgress,
-)
+from sailplan.planner.workerenv import CHECKPOINT_REQUEST_ANNOTATION, TrainerProgress
 
 # -- trigger names (status history reasons and Event reasons) ----------------------------
 WORKER_PREEMPTED: Final = "WorkerPreempted"
@@ -87,7 +84,10 @@ class WorkerPod:
     disruption: str | None = None  # why the cluster killed it, if it did
     exit_code: int | None = None  # first non-zero container exit code
     checkpoint_request: str | None = None
+    # Rank 0's last reading of its metrics endpoint (controller.progress.attach), and when
+    # the operator first read that step; never from the pod object.
     progress: TrainerProgress | None = None
+    progress_time: datetime | None = None
     owner_uid: str = ""  # the controlling TrainingJob's uid
     # (GPUPool, zone, GPUs) while created and not bound: capacity it reserves
     reservation: tuple[str, str, int] | None = None
@@ -131,13 +131,6 @@ def pod_facts(body: Mapping[str, Any]) -> WorkerPod | None:
         if isinstance(code, int) and code != 0:
             exit_code = code
             break
-    progress = None
-    raw = annotations.get(PROGRESS_ANNOTATION)
-    if raw:
-        try:
-            progress = TrainerProgress.model_validate_json(raw)
-        except ValueError:
-            progress = None  # a trainer bug must not wedge the operator
     return WorkerPod(
         name=str(metadata.get("name", "")),
         uid=str(metadata.get("uid", "")),
@@ -152,7 +145,6 @@ def pod_facts(body: Mapping[str, Any]) -> WorkerPod | None:
         disruption=disruption,
         exit_code=exit_code,
         checkpoint_request=annotations.get(CHECKPOINT_REQUEST_ANNOTATION),
-        progress=progress,
         reservation=pod_gpu_reservation(body),
     )
 

@@ -187,7 +187,9 @@ def replan_cluster(
     # The restart cost the runner's pods really have (they start in about a second), not the
     # cloud defaults (90 s), so a switch pays off within a short test run.
     restart_costs = ("--restart-pod-start-seconds", "2", "--restart-teardown-seconds", "1")
-    operator = OperatorProcess(kubeconfig, namespace, operator_log, *restart_costs)
+    # Rank 0's progress read often enough to see it advance within a short run.
+    progress = ("--progress-seconds", "1")
+    operator = OperatorProcess(kubeconfig, namespace, operator_log, *restart_costs, *progress)
     view = Cluster(api, namespace, runner, operator)
     operator.start()
     try:

@@ -35,7 +35,6 @@ from sailplan.planner.catalog import Catalog
 from sailplan.planner.energy import plan_energy
 from sailplan.planner.energy.power import SM_CLOCK_POWER_EXPONENT, SM_CLOCK_POWER_SHARE
 from sailplan.planner.plan import EnergyPrediction, Plan, StageClocks
-from sailplan.planner.workerenv import PROGRESS_ANNOTATION
 
 NODE = "gke-a100-a-0"
 NAMESPACE = "team-a"
@@ -60,15 +59,6 @@ class FakeCluster:
 
     def node_pods(self) -> list[dict[str, Any]]:
         return [p for p in self.all_pods if p["spec"].get("nodeName") == NODE]
-
-    def pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        wanted = dict(term.split("=") for term in label_selector.split(","))
-        return [
-            p
-            for p in self.all_pods
-            if p["metadata"]["namespace"] == namespace
-            and all(p["metadata"]["labels"].get(k) == v for k, v in wanted.items())
-        ]
 
     def job(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.jobs.get((namespace, name))
@@ -155,10 +145,8 @@ def make_agent(cluster: FakeCluster, clock: Clock, **kwargs: Any) -> tuple[Agent
 
 
 def set_step(cluster: FakeCluster, step: int) -> None:
-    rank0 = cluster.all_pods[0]
-    rank0["metadata"].setdefault("annotations", {})[PROGRESS_ANNOTATION] = json.dumps(
-        {"step": step, "plan_generation": 1}
-    )
+    """What the operator writes from rank 0's metrics (controller.progress)."""
+    cluster.jobs[(NAMESPACE, "opt")]["status"] = {"progress": {"step": step, "loss": 2.5}}
 
 
 def labels(nvml: FakeNVML, gpu: int, stage: str = "0") -> dict[str, str]:

@@ -55,7 +55,10 @@ def test_healthz_reports_every_background_task_running(
     operator = _operator(kubeconfig, namespace, tmp_path / "operator.log", port)
     operator.start()
     try:
-        expected = {f"queue-worker-{n}": "running" for n in range(WORKERS)} | {"resync": "running"}
+        expected = {f"queue-worker-{n}": "running" for n in range(WORKERS)} | {
+            "resync": "running",
+            "progress": "running",
+        }
 
         def tasks_reported() -> Any:
             # The local cluster has nodes: their watch events start the tasks at once.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,6 +14,7 @@ from operator_builders import JOB_SPEC, RecordingPlanner
 from sailplan.operator.api.common import find_condition
 from sailplan.operator.api.gpupool import GPUPool
 from sailplan.operator.api.trainingjob import PlanSummary, TrainingJob, TrainingJobStatus
+from sailplan.operator.controller.progress import Reading, attach
 from sailplan.operator.reconcile.snapshot import build_snapshot
 from sailplan.operator.reconcile.trainingjob import (
     Observed,
@@ -27,6 +29,7 @@ from sailplan.planner.api import Infeasible, Planned, PlanRequest, PlanResult
 from sailplan.planner.catalog import Catalog
 from sailplan.planner.plan import Plan
 from sailplan.planner.profiles.types import ProfileSet
+from sailplan.planner.workerenv import TrainerProgress
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -349,27 +352,41 @@ def test_all_workers_succeeded_completes_the_job(
     assert _reason(done.status, "Complete") == ("True", "Completed")
 
 
-def test_progress_is_mirrored_from_rank_zero(
+def test_progress_is_rank_zeros_reading_and_stays_while_rank_zero_is_unread(
     job: TrainingJob, pools: tuple[GPUPool, ...], planner: RecordingPlanner, catalog: Catalog
 ) -> None:
     job, created = _running(job, pools, planner, catalog)
     pods = [dict(o) for o in created]
     worker0 = next(p for p in pods if p["metadata"]["name"].endswith("-w0"))
     worker0["metadata"] = worker0["metadata"] | {
-        "annotations": {
-            "sailplan.dev/progress": '{"step": 40, "loss": 2.5, '
-            '"samples_per_second": 31.04719, "last_checkpoint_step": 25}'
-        }
+        "uid": "rank0-uid",
+        # What older trainers patched onto their pod: no longer a source of progress.
+        "annotations": {"sailplan.dev/progress": '{"step": 99}'},
     }
-    outcome = reconcile(
-        observe(job, pools, pods, dict.fromkeys(range(4), "Running")), refuse, catalog, NOW
+    running = observe(job, pools, pods, dict.fromkeys(range(4), "Running"))
+    read_at = NOW - timedelta(seconds=30)
+    reading = Reading(
+        TrainerProgress(step=40, loss=2.5, samples_per_second=31.04719, last_checkpoint_step=25),
+        read_at,
     )
+    read = replace(running, pods=attach(running.pods, {"rank0-uid": reading}))
+    outcome = reconcile(read, refuse, catalog, NOW)
     progress = outcome.status.progress
     assert progress is not None
     # samples/s is a printer column: written with 3 significant digits.
     assert (progress.step, progress.loss, progress.samples_per_second) == (40, 2.5, 31.0)
     assert outcome.status.to_kube()["progress"]["samplesPerSecond"] == 31.0
     assert progress.last_checkpoint_step == 25
+    assert progress.time == read_at  # its age: when the operator read step 40
+    # The next pass has no reading (rank 0 did not answer): the numbers and their time stay.
+    job = with_status(job, outcome)
+    later = reconcile(
+        observe(job, pools, pods, dict.fromkeys(range(4), "Running")),
+        refuse,
+        catalog,
+        NOW + timedelta(minutes=5),
+    )
+    assert later.status.progress == progress
 
 
 def test_merge_patch_nulls_removed_keys_and_skips_equal_ones() -> None:

@@ -37,7 +37,7 @@ from sailplan.planner.api import Planned, make_plan
 from sailplan.planner.catalog import default_catalog
 from sailplan.planner.plan import Plan
 from sailplan.planner.profiles.types import ComputeProfile, ProfileSet, Provenance
-from sailplan.planner.workerenv import PROGRESS_ANNOTATION
+from sailplan.planner.workerenv import TrainerProgress
 
 ZONE = "us-central1-a"
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -210,10 +210,14 @@ def draining_state(job: TrainingJob, plan: Plan) -> ReplanState:
 def test_drain_ends_on_a_new_checkpoint_or_the_timeout(plan1: Plan) -> None:
     job = make_job()
     state = draining_state(job, plan1)
-    progress = '{"step": 120, "last_checkpoint_step": 120, "plan_generation": 1}'
-    old = pods(job, plan1, 1)
-    old[0]["metadata"]["annotations"] |= {PROGRESS_ANNOTATION: progress}
-    after, _ = replay(state, observe(job, plan1, old, nodes(1), [gpupool(1, 0)]), NOW)
+    inputs = observe(job, plan1, pods(job, plan1, 1), nodes(1), [gpupool(1, 0)])
+    # Rank 0's reading (controller.progress.attach) reports checkpoint 120.
+    progress = TrainerProgress(step=120, last_checkpoint_step=120, plan_generation=1)
+    first, *rest = inputs.pods
+    checkpointed = dataclasses.replace(
+        inputs, pods=(dataclasses.replace(first, progress=progress), *rest)
+    )
+    after, _ = replay(state, checkpointed, NOW)
     assert after.phase == "Switching"  # checkpoint 120 is newer than 100 at drain start
     stuck = pods(job, plan1, 1)
     inputs = observe(job, plan1, stuck, nodes(1), [gpupool(1, 0)])
