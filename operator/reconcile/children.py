@@ -11,6 +11,8 @@ is merged in last (reconcile.overrides). Pure: returns dicts ready for the API s
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -273,6 +275,38 @@ def _volumes(job: TrainingJob, generation: int) -> tuple[list[Any], list[Any]]:
     return volumes, mounts
 
 
+# Kubernetes quantity suffixes (resource.Quantity): binary and decimal multiples of a byte
+_SUFFIX_BYTES: dict[str, int] = {
+    "": 1,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+}
+_MEMORY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P|)$")
+
+
+def worker_memory(memory: str, plan: Plan, worker: Worker) -> str:
+    """The worker container's memory: spec.trainer.memory, plus for a stage with
+    optimizer_offload the host memory its GPUs' optimizer state takes (the plan's
+    prediction per GPU, times the worker's GPUs), so the offloaded Adam state is not
+    OOM-killed by the pod's limit. A quantity this cannot read is left as it is."""
+    stage = plan.stages[worker.stage]
+    predictions = plan.predictions
+    matched = _MEMORY.match(memory)
+    if not stage.optimizer_offload or predictions is None or matched is None:
+        return memory
+    base = float(matched.group(1)) * _SUFFIX_BYTES[matched.group(2)]
+    host = predictions.stages[worker.stage].host_memory_bytes * worker.tensor_parallel
+    return str(math.ceil(base + host))
+
+
 def render_worker_pod(
     job: TrainingJob,
     plan: Plan,
@@ -314,6 +348,7 @@ def render_worker_pod(
     trainer = job.spec.trainer
     volumes, mounts = _volumes(job, generation)
     gpus = str(worker.tensor_parallel)
+    memory = worker_memory(trainer.memory, plan, worker)
     pod_spec: dict[str, Any] = {
         "hostname": name,
         "subdomain": naming.service_name(job.name),
@@ -341,8 +376,8 @@ def render_worker_pod(
                     },
                 ],
                 "resources": {
-                    "requests": {"cpu": trainer.cpu, "memory": trainer.memory, GPU_RESOURCE: gpus},
-                    "limits": {"memory": trainer.memory, GPU_RESOURCE: gpus},
+                    "requests": {"cpu": trainer.cpu, "memory": memory, GPU_RESOURCE: gpus},
+                    "limits": {"memory": memory, GPU_RESOURCE: gpus},
                 },
                 "volumeMounts": mounts,
                 "securityContext": container_security_context(
