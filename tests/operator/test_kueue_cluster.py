@@ -7,7 +7,8 @@ ClusterQueue grants 4 of its GPUs. Each job may spend at most what 4 GPUs cost
 that does not exist yet, waits with that reason; once the queue exists Kueue admits its
 plan's GPUs as one gang and its workers run. A second job finds a free node but no quota:
 it waits with Kueue's reason on the TrainingJob and starts no worker until the first job
-is deleted. The first test runs before Kueue is installed: a queued job says so and waits,
+is deleted. Stopping the ClusterQueue evicts a running job, which drains and runs again on
+a new plan once the queue is started. The first test runs before Kueue is installed: a queued job says so and waits,
 one without the label runs (the module's Kueue fixture removes Kueue's CRDs when it stops).
 """
 
@@ -324,6 +325,105 @@ def test_kueue_admits_a_plan_as_one_gang_and_queues_a_job_over_quota_with_the_re
         )
         found = admitted(get_job(k8s_api, namespace, "second"))
         assert found is not None and found[0] == "True"
+    finally:
+        release_then_reset(k8s_api, namespace, local_cluster)
+        for path, name in reversed(created):
+            try:
+                if len(path) == 4:
+                    custom.delete_namespaced_custom_object(*path, name)
+                else:
+                    custom.delete_cluster_custom_object(*path, name)
+            except client.ApiException as error:
+                if error.status != 404:
+                    raise
+
+
+@pytest.mark.usefixtures("rbac_operator")
+def test_an_evicted_job_drains_then_queues_its_next_plan_and_runs_when_readmitted(
+    k8s_api: Any,
+    namespace: str,
+    gpupools: Callable[..., str],
+    local_cluster: Any,
+    kueue_manager: Kueue,
+) -> None:
+    """Stopping the ClusterQueue (stopPolicy HoldAndDrain) makes Kueue evict the running
+    job's Workload: the workers go as for spec.suspend, the job plans anew and its new
+    Workload waits until the queue is started again, then it runs on the new plan."""
+    node_pool = f"evict-{uuid.uuid4().hex[:6]}"
+    local_cluster.add_nodes([node_manifest(grown_pool(node_pool), ZONE, 0)])
+    custom = client.CustomObjectsApi(k8s_api)
+    suffix = uuid.uuid4().hex[:6]
+    flavor, cluster_queue, queue = f"flavor-{suffix}", f"gpus-{suffix}", "gpus"
+    explain = explainer(k8s_api, kueue_manager, namespace, ("evictee",))
+    created: list[tuple[tuple[str, ...], str]] = []
+    try:
+        pool = gpupools(node_pool, pricing={"onDemandUsdPerGpuHour": USD_PER_GPU_HOUR})
+        for path, body in queue_objects(namespace, flavor, node_pool, cluster_queue, queue):
+            if len(path) == 4:
+                custom.create_namespaced_custom_object(*path, body)
+            else:
+                custom.create_cluster_custom_object(*path, body)
+            created.append((path, body["metadata"]["name"]))
+        job = queued_job(namespace, "evictee", pool, queue)
+        job["spec"]["replan"] = {"drainTimeoutSeconds": 10}
+        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs", job)
+        first = wait_for(
+            "the job's workers Running",
+            running_on(k8s_api, namespace, "evictee", pool),
+            180,
+            explain,
+        )
+        first_uids = {p.metadata.uid for p in first}
+
+        def stop_policy(value: str) -> None:
+            custom.patch_cluster_custom_object(
+                "kueue.x-k8s.io",
+                "v1beta1",
+                "clusterqueues",
+                cluster_queue,
+                {"spec": {"stopPolicy": value}},
+            )
+
+        stop_policy("HoldAndDrain")
+
+        def evicted() -> tuple[str, str, str] | None:
+            found = admitted(get_job(k8s_api, namespace, "evictee"))
+            return found if found and found[1] == kueue.REASON_EVICTED else None
+
+        wait_for("the eviction on the job", evicted, 60, explain)
+        wait_for(
+            "the evicted workers gone",
+            lambda: (
+                not {p.metadata.uid for p in pods_of(k8s_api, namespace, "evictee")} & first_uids
+            ),
+            90,
+            explain,
+        )
+
+        # The next plan is queued, and waits while the ClusterQueue is stopped.
+        def next_plan_waits() -> tuple[str, str, str] | None:
+            found = admitted(get_job(k8s_api, namespace, "evictee"))
+            waiting = found and found[0] == "False" and "evictee-g1" not in found[2]
+            return found if waiting else None
+
+        wait_for("the next plan's Workload waiting", next_plan_waits, 90, explain)
+        assert not pods_of(k8s_api, namespace, "evictee")
+
+        stop_policy("None")
+        again = wait_for(
+            "the job Running again", running_on(k8s_api, namespace, "evictee", pool), 180, explain
+        )
+        generations = {p.metadata.labels["sailplan.dev/plan-generation"] for p in again}
+        assert generations != {"1"} and len(generations) == 1
+        found = admitted(get_job(k8s_api, namespace, "evictee"))
+        assert found is not None and found[0] == "True"
+        names = [
+            w["metadata"]["name"]
+            for w in custom.list_namespaced_custom_object(
+                kueue.GROUP, kueue.VERSION, namespace, kueue.PLURAL
+            )["items"]
+        ]
+        assert names == [kueue.workload_name("evictee", int(generations.pop()))]
     finally:
         release_then_reset(k8s_api, namespace, local_cluster)
         for path, name in reversed(created):
