@@ -57,7 +57,7 @@ from sailplan.planner.simulator import (
 REPO = Path(__file__).resolve().parents[1]
 # The Sailor runs trained with DeepSpeed's PipelineEngine, whose sends and receives are
 # separate blocking calls (SimulatorConstants.blocking_p2p); the rest is the shipped model.
-SAILOR_RUNTIME = dataclasses.replace(DEFAULT_CONSTANTS, blocking_p2p=True)
+SAILOR_RUNTIME = dataclasses.replace(DEFAULT_CONSTANTS, blocking_p2p=True, partitioned_p2p=True)
 ARTIFACT = REPO.parent / "shared" / "reference" / "sailor-artifact"
 VALIDATION = ARTIFACT / "validation" / "gh200-opt350"
 

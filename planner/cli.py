@@ -45,7 +45,12 @@ from sailplan.planner.cli_inputs import (
     model_from_file,
 )
 from sailplan.planner.cli_render import console, render_plans, render_simulation
-from sailplan.planner.cli_sources import load_plan_file, load_profiles, simulate_plan
+from sailplan.planner.cli_sources import (
+    estimated_inputs,
+    load_plan_file,
+    load_profiles,
+    simulate_plan,
+)
 from sailplan.planner.cluster import ClusterSnapshot
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.plan import Plan
@@ -289,12 +294,13 @@ def simulate_command(
         loaded = load_plan_file(plan_file, catalog, model)
         measured = load_profiles(profiles, catalog) if profiles is not None else None
         predictions = simulate_plan(loaded, measured, catalog)
+        estimated = estimated_inputs(loaded, measured, catalog)
     except (InputError, CatalogError) as error:
         _fail(str(error))
     if as_json:
         typer.echo(predictions.model_dump_json(indent=2))
         return
-    render_simulation(loaded.plan, predictions, loaded.measured_iteration_seconds)
+    render_simulation(loaded.plan, predictions, loaded.measured_iteration_seconds, estimated)
 
 
 def register(app: typer.Typer) -> None:

@@ -60,6 +60,17 @@ def stage_table(plan: Plan, predictions: Predictions | None, title: str) -> Tabl
         if options:
             # the memory options the stage runs with (Stage.recompute, optimizer_offload)
             memory = f"{memory} ({', '.join(options)})"
+        options = [
+            name
+            for name, used in (
+                ("recompute", stage.recompute == "full"),
+                ("offload", stage.optimizer_offload),
+            )
+            if used
+        ]
+        if options:
+            # the memory options the stage runs with (Stage.recompute, optimizer_offload)
+            memory = f"{memory} ({', '.join(options)})"
         table.add_row(
             str(index),
             f"{stage.layer_start}-{stage.layer_end - 1}",
@@ -118,10 +129,15 @@ def render_plans(
         f"full search over {total} GPUs in {len(cluster.pools)} pool(s): {evaluated} complete "
         f"candidate plans scored in {seconds:.2f} s"
     )
+    for line in estimated or []:
+        console.print(f"  estimated input: {line}")
 
 
 def render_simulation(
-    plan: Plan, predictions: Predictions, measured_iteration_seconds: float | None = None
+    plan: Plan,
+    predictions: Predictions,
+    measured_iteration_seconds: float | None = None,
+    estimated: list[str] | None = None,
 ) -> None:
     console.print(stage_table(plan, predictions, "Simulated plan"))
     for line in summary_lines(plan, predictions):

@@ -9,6 +9,7 @@ project's Plan JSON or a Sailor `plan_config_*.json` (detected by its `pipeline_
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +20,12 @@ from sailplan.planner.cli_inputs import InputError, default_gpus_per_node
 from sailplan.planner.cluster import ClusterSnapshot, Pool
 from sailplan.planner.plan import Plan, Predictions
 from sailplan.planner.profiles.estimate import complete_profiles
-from sailplan.planner.profiles.sailor import SailorFormatError, plan_from_sailor
+from sailplan.planner.profiles.sailor import (
+    SailorFormatError,
+    import_artifact,
+    is_sailor_artifact,
+    plan_from_sailor,
+)
 from sailplan.planner.profiles.store import ProfileStoreError, load_profile_dir
 from sailplan.planner.profiles.types import ProfileSet
 from sailplan.planner.simulator import MissingProfileError, PlanningContext, simulate
@@ -28,9 +34,16 @@ DEFAULT_SAILOR_MODEL = "OPT-350M"  # the model of every plan in the Sailor artif
 
 
 def load_profiles(path: Path, catalog: Catalog) -> ProfileSet:
+    """The profiles under `path`; a Sailor artifact's rejected files (a profile that cannot
+    be the model its folder names) are warned about on stderr, one line each."""
     try:
+        if path.is_dir() and is_sailor_artifact(path):
+            imported = import_artifact(path, catalog)
+            for line in imported.rejected:
+                print(f"warning: {line}", file=sys.stderr)
+            return imported.profiles
         return load_profile_dir(path, catalog)
-    except ProfileStoreError as error:
+    except (ProfileStoreError, SailorFormatError) as error:
         raise InputError(str(error)) from None
 
 
@@ -130,6 +143,25 @@ def plan_context(
         catalog=catalog,
         optimizer=plan.optimizer,
     )
+
+
+def estimated_inputs(
+    loaded: LoadedPlan, measured: ProfileSet | None, catalog: Catalog
+) -> list[str]:
+    """The compute profiles simulate_plan had to estimate, each with how (the roofline, a
+    measurement on another GPU scaled by the GPU ratio, a measured point scaled)."""
+    plan = loaded.plan
+    context = plan_context(plan, loaded.cluster, measured, catalog)
+    lines = []
+    for key in sorted({w.gpu_type for w in plan.workers()}):
+        for tp in sorted({s.tensor_parallel for s in plan.stages}):
+            found = context.profiles.compute_profile(
+                plan.model.name, key, tp, plan.micro_batch_size
+            )
+            if found is not None and found.provenance.source == "estimated":
+                how = found.provenance.note or found.provenance.tool
+                lines.append(f"{found.key} ({found.provenance.tool}: {how})")
+    return lines
 
 
 def simulate_plan(loaded: LoadedPlan, measured: ProfileSet | None, catalog: Catalog) -> Predictions:

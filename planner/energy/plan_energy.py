@@ -121,10 +121,15 @@ class _PlanEnergy:
         for r in range(plan.data_parallel):
             links = []
             for sender, receiver in zip(plan.stages, plan.stages[1:], strict=False):
-                tp = min(sender.tensor_parallel, receiver.tensor_parallel)
                 boundary = costs.boundary_bytes(mbs, receiver.layer_start)
                 links.append(
-                    costs.p2p_seconds(boundary * tp, sender.replicas[r], receiver.replicas[r], tp)
+                    costs.boundary_seconds(
+                        boundary,
+                        sender.replicas[r],
+                        receiver.replicas[r],
+                        sender.tensor_parallel,
+                        receiver.tensor_parallel,
+                    )
                 )
             stages: list[StageOptions] = []
             gpus: list[int] = []

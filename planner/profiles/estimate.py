@@ -34,6 +34,7 @@ import numpy as np
 from sailplan.planner.catalog import Catalog, CatalogError, GPUSpec
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.profiles.cleaning import monotone_in_micro_batch
+from sailplan.planner.profiles.transfer import transfer_profile
 from sailplan.planner.profiles.types import (
     LINK_CLASSES,
     BandwidthCurve,
@@ -446,10 +447,19 @@ def complete_profiles(
     (cleaning.monotone_in_micro_batch). Compute: each (GPU type, TP, micro-batch) with no
     profile for the model gets a roofline profile (TP degrees the model cannot split are
     skipped), anchored to the nearest measured point of the same GPU type when there is
-    one (anchored_estimate). Network: each link class and GPU pair without a measured (or
+    one (anchored_estimate); with none on that GPU, the model's measurement on other GPUs
+    scaled by the GPU ratio of models measured on both (transfer.transfer_profile) where
+    one exists at that point (lower leave-one-out error than the roofline:
+    benchmarks/profile_transfer.py). Network: each link class and GPU pair without a measured (or
     already present) profile gets a catalog default.
     """
     measured = monotone_in_micro_batch(measured)
+    models: dict[str, ModelSpec] = {}
+    for name in sorted({p.model for p in measured.compute}):
+        try:
+            models[name] = catalog.model(name)
+        except CatalogError:
+            continue  # a reference whose shape is unknown is still usable (transfer.py)
     gpus = sorted({catalog.resolve_gpu(g) for g in gpu_types})
     tps = sorted(set(tensor_parallel_degrees))
     mbss = sorted(set(micro_batch_sizes))
@@ -465,6 +475,11 @@ def complete_profiles(
                     anchor = _nearest_measured(measured, model.name, gpu, tp, mbs)
                     if anchor is not None:
                         estimate = anchored_estimate(model, spec, estimate, anchor, optimizer)
+                    else:
+                        moved = transfer_profile(
+                            model, gpu, tp, mbs, measured=measured, models=models
+                        )
+                        estimate = moved if moved is not None else estimate
                     compute.append(estimate)
     network: list[NetworkProfile] = []
     for link in LINK_CLASSES:

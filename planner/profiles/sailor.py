@@ -47,6 +47,9 @@ class SailorFormatError(ValueError):
 class SailorImport:
     profiles: ProfileSet
     skipped: tuple[str, ...] = ()  # one line per file or entry not imported, and why
+    # one line per compute profile file rejected whole as not the model its folder names
+    # (the import summary's warnings); also in `skipped`
+    rejected: tuple[str, ...] = ()
 
 
 def is_sailor_artifact(root: Path) -> bool:
@@ -67,11 +70,77 @@ def _provenance(source: Path, gpu: str = "") -> Provenance:
 # -- compute -----------------------------------------------------------------------------
 
 
-def import_compute(root: Path, catalog: Catalog) -> tuple[list[ComputeProfile], list[str]]:
+def _layer_counts(data: Mapping[str, Any]) -> set[int]:
+    return {
+        len(layers)
+        for by_tp in data.values()
+        if isinstance(by_tp, Mapping)
+        for layers in by_tp.values()
+        if isinstance(layers, Mapping)
+    }
+
+
+def _fits_its_model(path: Path, data: Mapping[str, Any], catalog: Catalog) -> bool:
+    try:
+        model = catalog.model(path.parent.parent.name)
+    except CatalogError:
+        return False
+    return model.num_layers in _layer_counts(data)
+
+
+def rejected_files(root: Path, catalog: Catalog) -> dict[Path, str]:
+    """Compute profile files that cannot be the model their folder names, and why.
+
+    A file is rejected whole when none of its entries has the model's layer count (the
+    file was profiled on another model), or when its content is identical to another
+    model's file on the same GPU (a mislabelled copy: two models never time identically).
+    The reason names the copy's original where there is one. Called by import_compute.
+    """
+    paths = sorted((root / "profiles").glob("*/*/profile.json"))
+    contents: dict[Path, Any] = {}
+    for path in paths:
+        data = _read_json(path)
+        if isinstance(data, Mapping):
+            contents[path] = data
+    reasons: dict[Path, str] = {}
+    for path, data in contents.items():
+        try:
+            model = catalog.model(path.parent.parent.name)
+        except CatalogError:
+            continue  # import_compute reports the unknown name
+        counts = _layer_counts(data)
+        twins = [
+            other
+            for other, other_data in contents.items()
+            if other != path and other.parent.name == path.parent.name and other_data == data
+        ]
+        twin = f" (identical to {twins[0]}: a mislabelled copy)" if twins else ""
+        if counts and model.num_layers not in counts:
+            reasons[path] = (
+                f"{path}: rejected, its entries have "
+                f"{'/'.join(str(c) for c in sorted(counts))} layers, {model.name} has "
+                f"{model.num_layers}{twin}; {model.name} on this GPU is estimated instead"
+            )
+        elif any(_fits_its_model(other, contents[other], catalog) for other in twins):
+            # the twin is as plausible as this file: which one was copied is unknowable
+            reasons[path] = (
+                f"{path}: rejected, identical to {twins[0]} (another model's profile: a "
+                f"mislabelled copy); {model.name} on this GPU is estimated instead"
+            )
+    return reasons
+
+
+def import_compute(
+    root: Path, catalog: Catalog, rejected: Mapping[Path, str] | None = None
+) -> tuple[list[ComputeProfile], list[str]]:
     profiles: list[ComputeProfile] = []
     skipped: list[str] = []
+    reasons = rejected_files(root, catalog) if rejected is None else rejected
     for path in sorted((root / "profiles").glob("*/*/profile.json")):
         model_dir, gpu_dir = path.parent.parent.name, path.parent.name
+        if path in reasons:
+            skipped.append(reasons[path])
+            continue
         try:
             model = catalog.model(model_dir)
             gpu = catalog.resolve_gpu(gpu_dir)
@@ -98,11 +167,31 @@ def import_compute(root: Path, catalog: Catalog) -> tuple[list[ComputeProfile], 
                         micro_batch_size=int(mbs_key),
                         forward_s=tuple(float(r[0]) for r in rows),
                         backward_s=tuple(float(r[1]) for r in rows),
-                        update_s=tuple(float(r[2]) for r in rows),
+                        update_s=_update_per_layer(model, int(tp_key), rows),
                         provenance=_provenance(path, gpu),
                     )
                 )
     return profiles, skipped
+
+
+def _update_per_layer(model: ModelSpec, tp: int, rows: list[Any]) -> tuple[float, ...]:
+    """The optimizer-step column as per-layer seconds.
+
+    Sailor's profiler writes one step time on every layer (the artifact's columns are
+    constant, the embedding's entry equal to a block's though it holds ~4x the parameters)
+    and Sailor's simulator charges it once per stage. Adding it up per layer would charge a
+    stage one step per layer. The step streams every parameter's optimizer state, so it
+    is spread over the layers by their parameter counts: a stage pays its parameters' share
+    of the step, the whole model one step. A column that varies is per-layer already.
+    """
+    update = [float(r[2]) for r in rows]
+    if len(update) < 2 or len(set(update)) != 1:
+        return tuple(update)
+    params = [model.layer_parameters(i, tp) for i in range(len(update))]
+    total = sum(params)
+    if total <= 0:
+        return tuple(update)
+    return tuple(update[0] * p / total for p in params)
 
 
 # -- network -----------------------------------------------------------------------------
@@ -188,11 +277,13 @@ def import_network(root: Path, catalog: Catalog) -> tuple[list[NetworkProfile], 
 
 def import_artifact(root: Path, catalog: Catalog) -> SailorImport:
     """Every compute and network profile of a Sailor artifact directory."""
-    compute, skipped_compute = import_compute(root, catalog)
+    rejected = rejected_files(root, catalog)
+    compute, skipped_compute = import_compute(root, catalog, rejected)
     network, skipped_network = import_network(root, catalog)
     return SailorImport(
         profiles=ProfileSet(compute=tuple(compute), network=tuple(network)),
         skipped=tuple(skipped_compute + skipped_network),
+        rejected=tuple(rejected[path] for path in sorted(rejected)),
     )
 
 

@@ -340,12 +340,12 @@ class Search:
         spanning stage has a replica outside z, so some pipeline crosses zones: the
         fastest cross-zone link between the two types (a lower bound).
         """
-        tp = min(a.tensor_parallel, b.tensor_parallel)
+        tp_a, tp_b = a.tensor_parallel, b.tensor_parallel
         if (a.zone and b.zone) or (not a.zone and not b.zone):
             end_a = self._representative(a.gpu_type, a.tensor_parallel, a.zone)
             end_b = self._representative(b.gpu_type, b.tensor_parallel, b.zone)
             assert end_a is not None and end_b is not None
-            return self.costs.p2p_seconds(nbytes * tp, end_a, end_b, tp)
+            return self.costs.boundary_seconds(nbytes, end_a, end_b, tp_a, tp_b)
         hops = []
         for zone_a in [a.zone] if a.zone else self.zones:
             for zone_b in [b.zone] if b.zone else self.zones:
@@ -354,7 +354,7 @@ class Search:
                 end_a = self._representative(a.gpu_type, a.tensor_parallel, zone_a)
                 end_b = self._representative(b.gpu_type, b.tensor_parallel, zone_b)
                 if end_a is not None and end_b is not None:
-                    hops.append(self.costs.p2p_seconds(nbytes * tp, end_a, end_b, tp))
+                    hops.append(self.costs.boundary_seconds(nbytes, end_a, end_b, tp_a, tp_b))
         return min(hops, default=0.0)
 
     def _tail_by_length(self, tables: list[KindTables]) -> npt.NDArray[np.float64]:

@@ -14,12 +14,16 @@ The algorithm (per gradient bucket; DeepSpeed/Megatron reduce in buckets):
   S = bucket / TP bytes; the TP communicators of a node run at the same time;
 - inside a node (k replicas of the stage on it): reduce-scatter + all-gather over the node's
   NVLink/NVSwitch/PCIe, 2 (k - 1) / k x S at the per-GPU link rate;
-- across nodes (N of them): each node moves the bus bytes of all its TP communicators
-  through its NIC, the ring's 2 (N - 1) / N x bucket or the tree's 2 x bucket (NCCL's double
-  binary tree sends and receives the whole buffer once in each half), at the per-node rate
-  evaluated at the message one rank sends (S / k); NCCL picks ring or tree by which is
-  faster, which makes the tree win for small messages on many nodes (fewer latency steps)
-  and the ring for large ones (fewer bytes);
+- across nodes (N of them, m = k N members): NCCL's ring passes through every member, so
+  the edge that leaves a node carries what every ring edge carries, 2 (m - 1) / m x S per
+  TP communicator, and the node's NIC all its TP communicators' shards, 2 (m - 1) / m x
+  bucket (not the 2 (N - 1) / N of a reduce-scatter inside the node followed by a ring of
+  nodes, which NCCL's ring does not do); the edges run at once, so the slowest (the NIC
+  share, or a GPU link inside the node) sets the pace. NCCL's tree is that hierarchy: the
+  inside-node phase, then a double binary tree that sends and receives the whole buffer
+  once in each half, 2 x bucket through the NIC. Rates are evaluated at the message one
+  rank sends (S / k); NCCL picks ring or tree by which is faster, which makes the tree win
+  for small messages on many nodes (fewer latency steps) and the ring for large ones;
 - latencies are NCCL's own model for the Simple protocol (src/graph/tuning.cc: base 8.4 us
   per collective, 3.4 us per NVLink hop, 5.7 us per PCIe hop, 14 us per network hop).
 
@@ -106,20 +110,29 @@ def _bucket_seconds(layout: AllReduceLayout, bucket: FloatArray, tp: int) -> Flo
         return _busbw_seconds(layout.collective_busbw, k * n, shard)
     if k > 1 and layout.intra_node_busbw is not None and n == 1:
         return _busbw_seconds(layout.intra_node_busbw, k, shard)
-    seconds = np.zeros_like(bucket)
+    inside = np.zeros_like(bucket)
     if k > 1 and layout.intra_node_busbw is not None:
-        seconds += _busbw_seconds(layout.intra_node_busbw, k, shard)
+        inside = _busbw_seconds(layout.intra_node_busbw, k, shard)
     elif k > 1:
         moved = 2.0 * (k - 1) / k * shard
-        seconds += moved / _rate(layout.intra_node, shard / k)
-        seconds += 2 * (k - 1) * layout.intra_hop_latency_s
-    if n > 1:
-        rate = _rate(layout.inter_node, shard / k)
-        ring = 2.0 * (n - 1) / n * bucket / rate + 2 * (n - 1) * layout.inter_hop_latency_s
-        depth = math.ceil(math.log2(n))
-        tree = 2.0 * bucket / rate + 2 * depth * layout.inter_hop_latency_s
-        seconds += np.minimum(ring, tree)
-    seconds += NCCL_BASE_LATENCY_S
+        inside = moved / _rate(layout.intra_node, shard / k)
+        inside += 2 * (k - 1) * layout.intra_hop_latency_s
+    if n == 1:
+        return inside + NCCL_BASE_LATENCY_S
+    rate = _rate(layout.inter_node, shard / k)
+    # ring: one ring of all m = k N members per TP communicator; every edge, the one that
+    # leaves a node included, carries 2 (m - 1) / m x its shard, all edges at once, so the
+    # slowest edge sets the pace: the NIC (all TP communicators' shards) or a GPU link
+    m = k * n
+    ring = 2.0 * (m - 1) / m * bucket / rate
+    if k > 1:
+        ring = np.maximum(ring, 2.0 * (m - 1) / m * shard / _rate(layout.intra_node, shard / k))
+    ring += 2 * (n - 1) * layout.inter_hop_latency_s + 2 * n * (k - 1) * layout.intra_hop_latency_s
+    # tree: a chain inside each node (the reduce-scatter / all-gather above), a double
+    # binary tree across nodes that sends and receives the whole buffer once in each half
+    depth = math.ceil(math.log2(n))
+    tree = inside + 2.0 * bucket / rate + 2 * depth * layout.inter_hop_latency_s
+    seconds: FloatArray = np.minimum(ring, tree) + NCCL_BASE_LATENCY_S
     return seconds
 
 

@@ -216,7 +216,7 @@ class CostModel:
         self._prices: dict[str, float] = {}
         self._egress: dict[tuple[str, str], float] = {}
         self._memory: dict[str, float] = {}
-        self._p2p: dict[tuple[str, str, str, str, str, str, int, bool, float], float] = {}
+        self._p2p: dict[tuple[str, str, str, str, str, str, int, bool, float, int], float] = {}
         self._shape_profiles: dict[tuple[LinkClass, str, int, Measure], NetworkProfile | None] = {}
 
     # -- compute -------------------------------------------------------------------------
@@ -464,6 +464,7 @@ class CostModel:
         self, link: LinkClass, gpu_type: str, gpus_per_node: int, measure: Measure
     ) -> NetworkProfile | None:
         """The measured `measure` profile between nodes of one GPU type and exactly this
+                message = nbytes / max(1, flows)
         shape (a node's collective or aggregate rate does not carry over to another shape)."""
         key = (link, gpu_type, gpus_per_node, measure)
         if key not in self._shape_profiles:
@@ -484,6 +485,56 @@ class CostModel:
         """What one node of `gpus_per_node` GPUs sends to another node of its zone.
 
         The node's aggregate rate measured with all its GPUs sending at once (`concurrent`)
+    @staticmethod
+    def _nic_share(tp: int, gpus_per_node: int, flows: int = 1) -> float:
+        """How many nodes' NICs a TP group's traffic has: its GPUs' share of its node's NIC
+        (the node's other GPUs send at the same time), or, for a group spread over several
+        nodes (an imported plan's TP 4 over 1-GPU machines), one NIC per node when its
+        flows leave from all of them (one flow leaves from one node)."""
+        tp = max(1, tp)
+        if tp <= gpus_per_node:
+            return tp / gpus_per_node
+        return float(min(-(-tp // gpus_per_node), max(1, flows)))
+
+    def boundary_seconds(
+        self,
+        nbytes: float,
+        a: EndpointLike,
+        b: EndpointLike,
+        tp_sender: int = 1,
+        tp_receiver: int = 1,
+    ) -> float:
+        """Time to move one boundary tensor of `nbytes` (one copy of the activation or its
+        gradient) from a stage replica to the next one, as the runtime really moves it.
+
+        Every TP rank of the sender holds the whole tensor after its last row-parallel
+        all-reduce, yet neither runtime sends it once per rank:
+        - Sailplan's trainer (trainer/schedule.py): TP rank 0 sends it whole, in one flow,
+          to TP rank 0 of the receiver, which broadcasts it over its node's link to its
+          other TP ranks (a pipelined broadcast moves the bytes once per link);
+        - DeepSpeed's PipelineEngine (SimulatorConstants.partitioned_p2p, pipe_partitioned
+          and grad_partitioned as the Sailor runs had them): each of the TP ranks sends its
+          1/TP partition to its peer at once and the receiver all-gathers the parts inside
+          its node, (TP - 1) / TP x the bytes per GPU.
+        Either way the group's share of its nodes' NICs carries one copy (p2p_seconds with
+        the bytes the group moves), plus the receiver's step inside its node.
+        """
+        if nbytes <= 0:
+            return 0.0
+        tp = max(1, min(tp_sender, tp_receiver))
+        partitioned = self.constants.partitioned_p2p and tp > 1
+        seconds = self.p2p_seconds(nbytes, a, b, tp, flows=tp if partitioned else 1)
+        if tp_receiver > 1:
+            curve, latency = self._intra_node_link(b.gpu_type, self.gpus_per_node(b))
+            if partitioned:
+                part = nbytes / tp_receiver
+                moved = (tp_receiver - 1) * part
+                seconds += moved / curve.bytes_per_second(part)
+            else:
+                seconds += nbytes / curve.bytes_per_second(nbytes)
+            seconds += (tp_receiver - 1) * latency
+        return seconds
+
         between VMs of exactly that shape when there is one; else the single flow measured
         between VMs of that shape; else one measured on another shape of the same GPU,
         scaled by the ratio of the two shapes' documented egress caps (catalog
@@ -531,7 +582,14 @@ class CostModel:
         return curve, latency
 
     def p2p_seconds(
-        self, nbytes: float, a: EndpointLike, b: EndpointLike, tp: int = 1, same_node: bool = False
+        self,
+        nbytes: float,
+        a: EndpointLike,
+        b: EndpointLike,
+        tp: int = 1,
+        *,
+        same_node: bool = False,
+        flows: int = 1,
     ) -> float:
         """Time to send `nbytes` (what the whole TP group sends) from worker a to worker b.
 
@@ -539,11 +597,12 @@ class CostModel:
         both are on one node; else the sender's and receiver's NICs, each group getting the
         share of its node's NIC its GPUs are of the node (the node's other GPUs send at the
         same time), the slower of the two; across zones or regions the measured (or
-        estimated) link between the two zones when that is slower still.
+        estimated) link between the two zones when that is slower still. Across nodes the
+        bytes go as `flows` parallel flows, so each curve is read at nbytes / flows.
         """
         if nbytes <= 0:
             return 0.0
-        key = (a.pool, a.gpu_type, a.zone, b.pool, b.gpu_type, b.zone, tp, same_node, nbytes)
+        key = (a.pool, a.gpu_type, a.zone, b.pool, b.gpu_type, b.zone, tp, same_node, nbytes, flows)
         seconds = self._p2p.get(key)
         if seconds is None:
             if same_node:
@@ -553,18 +612,18 @@ class CostModel:
                 rates = []
                 for end in (a, b):
                     gpn = self.gpus_per_node(end)
-                    share = min(1.0, max(1, tp) / gpn)
+                    share = self._nic_share(tp, gpn, flows)
                     rates.append(
-                        self.node_nic_curve(end.gpu_type, gpn).bytes_per_second(nbytes) * share
+                        self.node_nic_curve(end.gpu_type, gpn).bytes_per_second(message) * share
                     )
                 link = self.link_class(a, b)
                 if link != "intra-zone":
-                    rates.append(self._group_curve(a, b, tp, False).bytes_per_second(nbytes))
+                    rates.append(self._group_curve(a, b, tp, False).bytes_per_second(message))
                 else:
                     pair = self.measured_pair_curve(a, b)
                     if pair is not None:
-                        share = min(1.0, max(1, tp) / self.gpus_per_node(a))
-                        rates.append(pair.bytes_per_second(nbytes) * share)
+                        share = self._nic_share(tp, self.gpus_per_node(a), flows)
+                        rates.append(pair.bytes_per_second(message) * share)
                 rate = min(rates)
                 latency = NETWORK_HOP_LATENCY_S
             seconds = latency + nbytes / rate
@@ -604,7 +663,11 @@ class CostModel:
                 intra.append(self._intra_node_link(first.gpu_type, gpn))
                 bus = self.shape_profile("intra-node", first.gpu_type, gpn, "allreduce")
                 intra_busbw.append(bus.curve if bus is not None else None)
-            share = min(1.0, on_busiest * tp / gpn)
+            # every TP rank runs its own DP communicator, so a group spread over several
+            # nodes reduces through all their NICs at once
+            share = (
+                min(1.0, on_busiest * tp / gpn) if tp <= gpn else self._nic_share(tp, gpn, flows=tp)
+            )
             inter.append(scaled_curve(self.node_nic_curve(first.gpu_type, gpn), share))
         pools = [r for i, r in enumerate(ring) if i == 0 or r.pool != ring[i - 1].pool]
         for i, a in enumerate(pools):

@@ -109,14 +109,14 @@ def simulate(plan: Plan, context: PlanningContext) -> Predictions:
         slowest_link = 0.0
         for r in range(plan.data_parallel):
             a_rep, b_rep = sender.replicas[r], receiver.replicas[r]
-            tp = min(sender.tensor_parallel, receiver.tensor_parallel)
-            # every TP rank holds the full boundary activation and sends it to its peer rank
-            # (no scatter-gather split), so the group moves tp copies over its node's links
-            group_bytes = boundary * tp
-            slowest_link = max(slowest_link, costs.p2p_seconds(group_bytes, a_rep, b_rep, tp))
+            # one copy crosses the network whatever the TP degrees (CostModel.boundary_seconds)
+            link = costs.boundary_seconds(
+                boundary, a_rep, b_rep, sender.tensor_parallel, receiver.tensor_parallel
+            )
+            slowest_link = max(slowest_link, link)
             if a_rep.zone != b_rep.zone:
                 # every micro-batch sends its activation forward and its gradient back
-                moved = 2.0 * group_bytes * plan.micro_batches_of(r)
+                moved = 2.0 * boundary * plan.micro_batches_of(r)
                 egress_bytes += moved
                 egress_usd += moved / 1e9 * costs.egress_usd_per_gb(a_rep.zone, b_rep.zone)
         boundary_seconds.append(slowest_link)
@@ -178,10 +178,15 @@ def _uneven_pipeline_seconds(plan: Plan, context: PlanningContext) -> float:
         ]
         links = []
         for sender, receiver in zip(plan.stages, plan.stages[1:], strict=False):
-            tp = min(sender.tensor_parallel, receiver.tensor_parallel)
             boundary = costs.boundary_bytes(mbs, receiver.layer_start)
             links.append(
-                costs.p2p_seconds(boundary * tp, sender.replicas[r], receiver.replicas[r], tp)
+                costs.boundary_seconds(
+                    boundary,
+                    sender.replicas[r],
+                    receiver.replicas[r],
+                    sender.tensor_parallel,
+                    receiver.tensor_parallel,
+                )
             )
         pipeline = one_f_one_b_seconds(
             stage_seconds,

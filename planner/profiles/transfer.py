@@ -1,0 +1,165 @@
+"""Estimate a model's compute profile on a GPU from its measurement on another GPU.
+
+A model measured on GPU S but not on GPU G (a mislabelled file rejected by the Sailor
+importer, a pool whose profiling Job has not run) can borrow G's speed from another model
+measured on both: t_model(G, layer) = t_model(S, layer) x t_ref(G) / t_ref(S), the ratio
+taken per layer kind (embedding, block, head, ...) and per direction (forward, backward,
+optimizer update) at the same TP degree and micro-batch size. Every reference model and
+source GPU that qualifies gives one estimate; their geometric mean is the answer, so no
+single pair decides.
+
+profiles.estimate.complete_profiles prefers this to the FLOP roofline because it predicts
+the artifact's measured profiles better when each is left out
+(benchmarks/profile_transfer.py prints the leave-one-out table). Called by
+complete_profiles; pure.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from sailplan.planner.modelspec import ModelSpec
+from sailplan.planner.profiles.types import ComputeProfile, ProfileSet, Provenance
+
+TRANSFER_TOOL = "sailplan-gpu-transfer"
+TRANSFER_VERSION = "1"
+
+Direction = tuple[float, ...]
+
+
+def _usable(profile: ComputeProfile | None, layers: int | None = None) -> bool:
+    return (
+        profile is not None
+        and not profile.oom
+        and profile.provenance.source == "measured"
+        and (layers is None or len(profile.forward_s) == layers)
+    )
+
+
+def _kind_ratios(
+    on_target: Sequence[float], on_source: Sequence[float], kinds: Sequence[str]
+) -> dict[str, float]:
+    """target / source time summed per layer kind; 'all' over every layer."""
+    sums: dict[str, list[float]] = {}
+    for t, s, kind in zip(on_target, on_source, kinds, strict=True):
+        for key in (kind, "all"):
+            entry = sums.setdefault(key, [0.0, 0.0])
+            entry[0] += t
+            entry[1] += s
+    return {k: t / s for k, (t, s) in sums.items() if t > 0 and s > 0}
+
+
+def _reference_kinds(reference: ComputeProfile, models: dict[str, ModelSpec]) -> list[str]:
+    spec = models.get(reference.model)
+    layers = len(reference.forward_s)
+    if spec is not None and spec.num_layers == layers:
+        return [spec.layer_kind(i) for i in range(layers)]
+    # a reference whose shape is unknown: first layer embedding, last head, blocks between
+    return ["embedding"] + ["block"] * (layers - 2) + ["head"]
+
+
+def transfer_profile(
+    model: ModelSpec,
+    gpu_type: str,
+    tp: int,
+    micro_batch_size: int,
+    *,
+    measured: ProfileSet,
+    models: dict[str, ModelSpec],
+) -> ComputeProfile | None:
+    """`model` on `gpu_type` at (tp, micro-batch) from its measurements on other GPUs,
+    scaled by the GPU ratio of every other model measured on both; None when no
+    (source GPU, reference model) pair has all three measurements at this point."""
+    kinds = [model.layer_kind(i) for i in range(model.num_layers)]
+    estimates: list[tuple[Direction, Direction, Direction]] = []
+    sources: list[str] = []
+    own = [
+        p
+        for p in measured.compute
+        if p.model == model.name
+        and p.gpu_type != gpu_type
+        and p.tensor_parallel == tp
+        and p.micro_batch_size == micro_batch_size
+        and _usable(p, model.num_layers)
+    ]
+    for source in sorted(own, key=lambda p: p.gpu_type):
+        for reference in sorted(measured.compute, key=lambda p: p.key):
+            if (
+                reference.model == model.name
+                or reference.gpu_type != gpu_type
+                or reference.tensor_parallel != tp
+                or reference.micro_batch_size != micro_batch_size
+                or not _usable(reference)
+            ):
+                continue
+            ref_source = measured.compute_profile(
+                reference.model, source.gpu_type, tp, micro_batch_size
+            )
+            if ref_source is None or not _usable(ref_source, len(reference.forward_s)):
+                continue
+            ref_kinds = _reference_kinds(reference, models)
+            directions: list[Direction] = []
+            for target_t, source_t, own_t in (
+                (reference.forward_s, ref_source.forward_s, source.forward_s),
+                (reference.backward_s, ref_source.backward_s, source.backward_s),
+                (reference.update_s, ref_source.update_s, source.update_s),
+            ):
+                ratios = _kind_ratios(target_t, source_t, ref_kinds)
+                overall = ratios.get("all")
+                if overall is None and directions:
+                    # no optimizer step measured on one side (the artifact's A100-80 has 0):
+                    # the step scales like the rest of the work
+                    ratios = _kind_ratios(
+                        [
+                            sum(x)
+                            for x in zip(reference.forward_s, reference.backward_s, strict=True)
+                        ],
+                        [
+                            sum(x)
+                            for x in zip(ref_source.forward_s, ref_source.backward_s, strict=True)
+                        ],
+                        ref_kinds,
+                    )
+                    overall = ratios.get("all")
+                if overall is None:
+                    break
+                directions.append(
+                    tuple(
+                        t * ratios.get(kind, overall) for t, kind in zip(own_t, kinds, strict=True)
+                    )
+                )
+            if len(directions) == 3:
+                estimates.append((directions[0], directions[1], directions[2]))
+                sources.append(f"{source.gpu_type} x {reference.model}")
+    if not estimates:
+        return None
+
+    # the median estimate by whole-model time: one inconsistent reference (a profile taken
+    # under memory pressure, a partial measurement) cannot drag the answer, as it would a mean
+    ranked = sorted(
+        range(len(estimates)),
+        key=lambda i: (sum(estimates[i][0]) + sum(estimates[i][1]), sources[i]),
+    )
+    lower, upper = ranked[(len(ranked) - 1) // 2], ranked[len(ranked) // 2]
+
+    def geometric_mean(index: int) -> tuple[float, ...]:
+        columns = zip(estimates[lower][index], estimates[upper][index], strict=True)
+        return tuple(math.sqrt(a * b) if a > 0 and b > 0 else (a + b) / 2 for a, b in columns)
+
+    return ComputeProfile(
+        model=model.name,
+        gpu_type=gpu_type,
+        tensor_parallel=tp,
+        micro_batch_size=micro_batch_size,
+        forward_s=geometric_mean(0),
+        backward_s=geometric_mean(1),
+        update_s=geometric_mean(2),
+        provenance=Provenance(
+            source="estimated",
+            tool=TRANSFER_TOOL,
+            tool_version=TRANSFER_VERSION,
+            gpu_name=gpu_type,
+            note="measured on another GPU, scaled by the GPU ratio of: " + ", ".join(sources),
+        ),
+    )
