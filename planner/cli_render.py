@@ -60,17 +60,6 @@ def stage_table(plan: Plan, predictions: Predictions | None, title: str) -> Tabl
         if options:
             # the memory options the stage runs with (Stage.recompute, optimizer_offload)
             memory = f"{memory} ({', '.join(options)})"
-        options = [
-            name
-            for name, used in (
-                ("recompute", stage.recompute == "full"),
-                ("offload", stage.optimizer_offload),
-            )
-            if used
-        ]
-        if options:
-            # the memory options the stage runs with (Stage.recompute, optimizer_offload)
-            memory = f"{memory} ({', '.join(options)})"
         table.add_row(
             str(index),
             f"{stage.layer_start}-{stage.layer_end - 1}",
@@ -129,8 +118,6 @@ def render_plans(
         f"full search over {total} GPUs in {len(cluster.pools)} pool(s): {evaluated} complete "
         f"candidate plans scored in {seconds:.2f} s"
     )
-    for line in estimated or []:
-        console.print(f"  estimated input: {line}")
 
 
 def render_simulation(
@@ -142,6 +129,8 @@ def render_simulation(
     console.print(stage_table(plan, predictions, "Simulated plan"))
     for line in summary_lines(plan, predictions):
         console.print(f"  {line}")
+    for line in estimated or []:
+        console.print(f"  estimated input: {line}")
     if measured_iteration_seconds:
         error = (
             predictions.iteration_seconds - measured_iteration_seconds
