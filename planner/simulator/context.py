@@ -63,6 +63,10 @@ class SimulatorConstants:
     - blocking_p2p: how the runtime moves a boundary tensor. False = Sailplan's trainer:
       each send is issued together with the receive of the other direction
       (trainer/schedule.py, batch_isend_irecv), so a stage's 1F1B cycle pays each boundary
+      once. True = DeepSpeed's PipelineEngine, which the Sailor runs used: SendActivation,
+      RecvActivation, SendGrad and RecvGrad are separate blocking instructions
+      (deepspeed/runtime/pipe/engine.py, p2p.send/recv), so a stage pays each boundary
+      twice per cycle, once per direction.
     - partitioned_p2p: what a TP group sends across a stage boundary (CostModel.
       boundary_seconds). False = Sailplan's trainer: TP rank 0 sends the whole tensor in one
       flow and the receiving rank 0 broadcasts it inside its node (trainer/schedule.py).
@@ -70,20 +74,16 @@ class SimulatorConstants:
       defaults, and the Sailor runs' fork): every TP rank sends its 1/TP part and the
       receiver all-gathers them (deepspeed/runtime/pipe/engine.py, PartitionedTensor). In
       both, one copy of the tensor crosses the network, never one per TP rank.
-      once. True = DeepSpeed's PipelineEngine, which the Sailor runs used: SendActivation,
-      RecvActivation, SendGrad and RecvGrad are separate blocking instructions
-      (deepspeed/runtime/pipe/engine.py, p2p.send/recv), so a stage pays each boundary
-      twice per cycle, once per direction.
     """
 
     framework_overhead_bytes: float = 5.15e9
     activation_allocator_factor: float = 1.06
-    partitioned_p2p: bool = False
     cpu_adam_params_per_s: float = 5.4e8
     bucket_bytes: float = 5e8
     overlap_allreduce: bool = False
     flash_attention: bool = False
     blocking_p2p: bool = False
+    partitioned_p2p: bool = False
 
 
 DEFAULT_CONSTANTS = SimulatorConstants()
