@@ -464,7 +464,6 @@ class CostModel:
         self, link: LinkClass, gpu_type: str, gpus_per_node: int, measure: Measure
     ) -> NetworkProfile | None:
         """The measured `measure` profile between nodes of one GPU type and exactly this
-                message = nbytes / max(1, flows)
         shape (a node's collective or aggregate rate does not carry over to another shape)."""
         key = (link, gpu_type, gpus_per_node, measure)
         if key not in self._shape_profiles:
@@ -485,56 +484,6 @@ class CostModel:
         """What one node of `gpus_per_node` GPUs sends to another node of its zone.
 
         The node's aggregate rate measured with all its GPUs sending at once (`concurrent`)
-    @staticmethod
-    def _nic_share(tp: int, gpus_per_node: int, flows: int = 1) -> float:
-        """How many nodes' NICs a TP group's traffic has: its GPUs' share of its node's NIC
-        (the node's other GPUs send at the same time), or, for a group spread over several
-        nodes (an imported plan's TP 4 over 1-GPU machines), one NIC per node when its
-        flows leave from all of them (one flow leaves from one node)."""
-        tp = max(1, tp)
-        if tp <= gpus_per_node:
-            return tp / gpus_per_node
-        return float(min(-(-tp // gpus_per_node), max(1, flows)))
-
-    def boundary_seconds(
-        self,
-        nbytes: float,
-        a: EndpointLike,
-        b: EndpointLike,
-        tp_sender: int = 1,
-        tp_receiver: int = 1,
-    ) -> float:
-        """Time to move one boundary tensor of `nbytes` (one copy of the activation or its
-        gradient) from a stage replica to the next one, as the runtime really moves it.
-
-        Every TP rank of the sender holds the whole tensor after its last row-parallel
-        all-reduce, yet neither runtime sends it once per rank:
-        - Sailplan's trainer (trainer/schedule.py): TP rank 0 sends it whole, in one flow,
-          to TP rank 0 of the receiver, which broadcasts it over its node's link to its
-          other TP ranks (a pipelined broadcast moves the bytes once per link);
-        - DeepSpeed's PipelineEngine (SimulatorConstants.partitioned_p2p, pipe_partitioned
-          and grad_partitioned as the Sailor runs had them): each of the TP ranks sends its
-          1/TP partition to its peer at once and the receiver all-gathers the parts inside
-          its node, (TP - 1) / TP x the bytes per GPU.
-        Either way the group's share of its nodes' NICs carries one copy (p2p_seconds with
-        the bytes the group moves), plus the receiver's step inside its node.
-        """
-        if nbytes <= 0:
-            return 0.0
-        tp = max(1, min(tp_sender, tp_receiver))
-        partitioned = self.constants.partitioned_p2p and tp > 1
-        seconds = self.p2p_seconds(nbytes, a, b, tp, flows=tp if partitioned else 1)
-        if tp_receiver > 1:
-            curve, latency = self._intra_node_link(b.gpu_type, self.gpus_per_node(b))
-            if partitioned:
-                part = nbytes / tp_receiver
-                moved = (tp_receiver - 1) * part
-                seconds += moved / curve.bytes_per_second(part)
-            else:
-                seconds += nbytes / curve.bytes_per_second(nbytes)
-            seconds += (tp_receiver - 1) * latency
-        return seconds
-
         between VMs of exactly that shape when there is one; else the single flow measured
         between VMs of that shape; else one measured on another shape of the same GPU,
         scaled by the ratio of the two shapes' documented egress caps (catalog
@@ -610,6 +559,7 @@ class CostModel:
                 rate = curve.bytes_per_second(nbytes / max(1, tp))
             else:
                 rates = []
+                message = nbytes / max(1, flows)
                 for end in (a, b):
                     gpn = self.gpus_per_node(end)
                     share = self._nic_share(tp, gpn, flows)
@@ -628,6 +578,56 @@ class CostModel:
                 latency = NETWORK_HOP_LATENCY_S
             seconds = latency + nbytes / rate
             self._p2p[key] = seconds
+        return seconds
+
+    @staticmethod
+    def _nic_share(tp: int, gpus_per_node: int, flows: int = 1) -> float:
+        """How many nodes' NICs a TP group's traffic has: its GPUs' share of its node's NIC
+        (the node's other GPUs send at the same time), or, for a group spread over several
+        nodes (an imported plan's TP 4 over 1-GPU machines), one NIC per node when its
+        flows leave from all of them (one flow leaves from one node)."""
+        tp = max(1, tp)
+        if tp <= gpus_per_node:
+            return tp / gpus_per_node
+        return float(min(-(-tp // gpus_per_node), max(1, flows)))
+
+    def boundary_seconds(
+        self,
+        nbytes: float,
+        a: EndpointLike,
+        b: EndpointLike,
+        tp_sender: int = 1,
+        tp_receiver: int = 1,
+    ) -> float:
+        """Time to move one boundary tensor of `nbytes` (one copy of the activation or its
+        gradient) from a stage replica to the next one, as the runtime really moves it.
+
+        Every TP rank of the sender holds the whole tensor after its last row-parallel
+        all-reduce, yet neither runtime sends it once per rank:
+        - Sailplan's trainer (trainer/schedule.py): TP rank 0 sends it whole, in one flow,
+          to TP rank 0 of the receiver, which broadcasts it over its node's link to its
+          other TP ranks (a pipelined broadcast moves the bytes once per link);
+        - DeepSpeed's PipelineEngine (SimulatorConstants.partitioned_p2p, pipe_partitioned
+          and grad_partitioned as the Sailor runs had them): each of the TP ranks sends its
+          1/TP partition to its peer at once and the receiver all-gathers the parts inside
+          its node, (TP - 1) / TP x the bytes per GPU.
+        Either way the group's share of its nodes' NICs carries one copy (p2p_seconds with
+        the bytes the group moves), plus the receiver's step inside its node.
+        """
+        if nbytes <= 0:
+            return 0.0
+        tp = max(1, min(tp_sender, tp_receiver))
+        partitioned = self.constants.partitioned_p2p and tp > 1
+        seconds = self.p2p_seconds(nbytes, a, b, tp, flows=tp if partitioned else 1)
+        if tp_receiver > 1:
+            curve, latency = self._intra_node_link(b.gpu_type, self.gpus_per_node(b))
+            if partitioned:
+                part = nbytes / tp_receiver
+                moved = (tp_receiver - 1) * part
+                seconds += moved / curve.bytes_per_second(part)
+            else:
+                seconds += nbytes / curve.bytes_per_second(nbytes)
+            seconds += (tp_receiver - 1) * latency
         return seconds
 
     @staticmethod
