@@ -3,8 +3,9 @@
 Counters for reconciles by kind and result and for planner outcomes, a histogram of
 planning time (the search can take seconds on big clusters, and that is what an operator
 of the operator wants to see first), a histogram of the backoff before retrying a failed
-reconcile, a gauge of worker pods by phase, and whether this replica leads (leader
-election, operator/leader_election.py).
+reconcile, a gauge of worker pods by phase, whether this replica leads (leader
+election, operator/leader_election.py), and the reads of rank 0's progress
+(controller/progress.py) by result.
 """
 
 from __future__ import annotations
@@ -48,6 +49,12 @@ WORKER_PODS = Gauge(
 LEADER = Gauge(
     "sailplan_operator_leader",
     "1 while this replica holds the leader-election Lease and runs the handlers, else 0",
+    registry=REGISTRY,
+)
+PROGRESS_READS = Counter(
+    "sailplan_progress_reads",
+    "Reads of rank 0's metrics endpoint by result (ok, unreachable, unparseable)",
+    ["result"],
     registry=REGISTRY,
 )
 POD_PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")

@@ -28,6 +28,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from sailplan.operator import metrics
 from sailplan.operator.controller.blocking import run_blocking
 from sailplan.operator.reconcile import naming
 from sailplan.operator.replan.triggers import WorkerPod
@@ -183,13 +184,16 @@ class ProgressReader:
         )
         for (uid, key, address), result in zip(targets, results, strict=True):
             if isinstance(result, BaseException):
+                metrics.PROGRESS_READS.labels(result="unreachable").inc()
                 self._failed(uid, key, address, f"{type(result).__name__}: {result}")
                 continue
             try:
                 progress = parse_progress(result)
             except ValueError as error:  # not Prometheus text: not the trainer
+                metrics.PROGRESS_READS.labels(result="unparseable").inc()
                 self._failed(uid, key, address, f"unparseable metrics: {error}")
                 continue
+            metrics.PROGRESS_READS.labels(result="ok").inc()
             self.failures.pop(uid, None)
             if progress is None:
                 continue

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from sailplan.operator import metrics
 from sailplan.operator.api.gpupool import GPUPool
 from sailplan.operator.api.trainingjob import TrainingJob
 from sailplan.operator.controller.progress import (
@@ -132,10 +133,16 @@ def test_reader_keeps_the_newest_reading_and_its_age_when_rank_zero_stops_answer
     assert woken == [job, job]
 
     # Rank 0 stops answering (nothing listens there): the last reading stays, no pass.
+    def unreachable() -> float:
+        labels = {"result": "unreachable"}
+        return metrics.REGISTRY.get_sample_value("sailplan_progress_reads_total", labels) or 0.0
+
+    before = unreachable()
     listed[:] = [with_port(rank0, free_port())]
     asyncio.run(reader.read_once())
     assert reader.readings["uid-0"].progress.step == 6
     assert "uid-0" in reader.failures and woken == [job, job]
+    assert unreachable() == before + 1  # counted for the operator's metrics
 
     # A job this operator does not manage is not read.
     reader.managed = set
