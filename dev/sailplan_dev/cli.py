@@ -143,13 +143,21 @@ def demo_command(
         bool,
         typer.Option(help="then preempt worker 0's node (local cluster) and show the replan"),
     ] = False,
+    autoscale: Annotated[
+        bool,
+        typer.Option(help="plan on a GPUPool at zero nodes that Karpenter grows (local cluster)"),
+    ] = False,
 ) -> None:
     """Install the CRDs, start the operator, apply the examples and show where pods landed."""
     from sailplan_dev.demo import DemoError, run_demo
 
     try:
         run_demo(
-            kubeconfig=kubeconfig, timeout_s=timeout, keep_operator=keep_operator, preempt=preempt
+            kubeconfig=kubeconfig,
+            timeout_s=timeout,
+            keep_operator=keep_operator,
+            preempt=preempt,
+            autoscale=autoscale,
         )
     except DemoError as error:
         raise _fail(str(error)) from error

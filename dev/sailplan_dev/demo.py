@@ -7,6 +7,11 @@ the bound pods Running, so the whole path from TrainingJob to placed pods is rea
 the GPUs. With `--preempt` (local cluster only) it then preempts the node of worker 0 the
 way GKE preempts a spot VM and shows the replanning loop: the history entry, the new plan
 generation and where its pods landed (`sailplan cluster up` puts the node back).
+With `--autoscale` (local cluster only) the job plans on a GPUPool at zero nodes instead:
+the real Karpenter (kwok provider, sailplan_dev.localcluster.karpenter) stands in for GKE's
+autoscaler, adds nodes for the pending workers, and the demo shows the pool's possible
+capacity, each node as it appears and the pods landing on them; it removes the job, the
+pool and Karpenter's nodes when it ends.
 """
 
 from __future__ import annotations
@@ -36,6 +41,35 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
 DEMO_NAMESPACE = "sailplan-demo"
 DEMO_JOB = "opt-350m"
 _SETTLED = ("Running", "Unschedulable", "Invalid", "Failed", "Succeeded")
+# --autoscale: a GPUPool of a2-highgpu-4g nodes (4 A100s) at zero nodes in two zones.
+AUTOSCALED_POOL = "a100-autoscaled"
+AUTOSCALED_ZONES = ("us-central1-a", "us-central1-b")
+
+
+def autoscaled_pool() -> dict[str, Any]:
+    return {
+        "apiVersion": "sailplan.dev/v1alpha1",
+        "kind": "GPUPool",
+        "metadata": {"name": AUTOSCALED_POOL},
+        "spec": {
+            "nodePool": AUTOSCALED_POOL,
+            "autoscaling": {
+                "zones": list(AUTOSCALED_ZONES),
+                "machineType": "a2-highgpu-4g",
+                "maxNodesPerZone": 2,
+                # What Karpenter with kwok takes (seconds), not a cloud VM's boot.
+                "provisioningSeconds": 30,
+            },
+        },
+    }
+
+
+def on_autoscaled_pool(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The examples with the TrainingJob planning on the autoscaled pool only."""
+    for document in documents:
+        if document.get("kind") == "TrainingJob":
+            document.setdefault("spec", {})["pools"] = {"names": [AUTOSCALED_POOL]}
+    return documents
 
 
 class DemoError(RuntimeError):
@@ -173,7 +207,12 @@ def pods_table(pods: list[dict[str, Any]], nodes: dict[str, dict[str, str]]) -> 
 
 
 def run_demo(
-    *, kubeconfig: Path | None, timeout_s: float, keep_operator: bool, preempt: bool = False
+    *,
+    kubeconfig: Path | None,
+    timeout_s: float,
+    keep_operator: bool,
+    preempt: bool = False,
+    autoscale: bool = False,
 ) -> None:
     # Piped output gets a wide fixed width instead of rich's 80 columns: the tables are the point.
     console = Console(width=None if sys.stdout.isatty() else 150)
@@ -193,11 +232,19 @@ def run_demo(
     log_path = Path(tempfile.gettempdir()) / "sailplan-demo-operator.log"
     operator = _start_operator(path, log_path)
     console.print(f"operator started (pid {operator.pid}, log {log_path})")
+    karpenter = None
     try:
-        applied = apply(api, for_fake_nodes(load_documents(EXAMPLES.glob("*.yaml"))))
+        documents = for_fake_nodes(load_documents(EXAMPLES.glob("*.yaml")))
+        if autoscale:
+            karpenter = _start_autoscaler(console, api, path, log_path.parent)
+            documents = on_autoscaled_pool(documents)
+        applied = apply(api, documents)
         console.print("applied examples: " + ", ".join(applied))
         started = time.monotonic()
-        job = _wait_settled(api, timeout_s, operator, log_path)
+        if karpenter is not None:
+            job = _watch_scale_up(console, api, timeout_s, operator, log_path)
+        else:
+            job = _wait_settled(api, timeout_s, operator, log_path)
         elapsed = time.monotonic() - started
         _report(console, api, job, elapsed)
         if preempt:
@@ -214,6 +261,8 @@ def run_demo(
             console.print("operator keeps running; Ctrl-C stops it")
             operator.wait()
     finally:
+        if karpenter is not None:
+            _stop_autoscaler(console, api, karpenter)
         if operator.poll() is None:
             operator.terminate()
             try:
@@ -295,3 +344,93 @@ def _preempt(
     history = (status.get("history") or [{}])[-1]
     console.print(f"replanned: {history.get('reason', '')}")
     _report(console, api, job, time.monotonic() - started)
+
+
+def _start_autoscaler(
+    console: Console, api: client.ApiClient, kubeconfig: Path, workdir: Path
+) -> Any:
+    """The autoscaled GPUPool and Karpenter's NodePools for it, Karpenter running."""
+    from sailplan.operator.api.gpupool import GPUPool
+    from sailplan_dev.localcluster.karpenter import Karpenter, KarpenterError
+    from sailplan_dev.localcluster.karpenter_shapes import instance_types, node_pools
+
+    manifest = autoscaled_pool()
+    console.print("GPUPool: " + ", ".join(apply(api, [manifest])))
+    karpenter = Karpenter(kubeconfig, api, workdir / "sailplan-demo-karpenter")
+    try:
+        karpenter.start(instance_types(list(AUTOSCALED_ZONES)))
+    except KarpenterError as error:
+        raise DemoError(f"Karpenter did not start: {error} (see {karpenter.log})") from error
+    pool = GPUPool.model_validate({"name": AUTOSCALED_POOL, "spec": manifest["spec"]})
+    karpenter.apply_node_pools(node_pools(pool, consolidate_after_s=0))
+    console.print(f"Karpenter (kwok provider) started; log {karpenter.log}")
+    custom: Any = client.CustomObjectsApi(api)
+    deadline = time.monotonic() + 60
+    status: dict[str, Any] = {}
+    while time.monotonic() < deadline and not status.get("gpusPossible"):
+        time.sleep(0.5)
+        found = custom.get_cluster_custom_object(
+            "sailplan.dev", "v1alpha1", "gpupools", AUTOSCALED_POOL
+        )
+        status = found.get("status") or {}
+    console.print(
+        f"GPUPool {AUTOSCALED_POOL}: {status.get('nodesTotal', 0)} nodes, "
+        f"{status.get('gpusPossible', 0)} GPUs possible ({status.get('gpuType')}, "
+        f"zones {', '.join(AUTOSCALED_ZONES)})"
+    )
+    return karpenter
+
+
+def _watch_scale_up(
+    console: Console,
+    api: client.ApiClient,
+    timeout_s: float,
+    operator: subprocess.Popen[bytes],
+    log: Path,
+) -> dict[str, Any]:
+    """Wait for the job to settle, printing each node of the pool as it appears."""
+    core: Any = client.CoreV1Api(api)
+    kube = Kube(api)
+    started = time.monotonic()
+    seen: set[str] = set()
+    job: dict[str, Any] = {}
+    while time.monotonic() - started < timeout_s:
+        if operator.poll() is not None:
+            raise DemoError(f"the operator exited with code {operator.returncode}; see {log}")
+        selector = f"cloud.google.com/gke-nodepool={AUTOSCALED_POOL}"
+        for node in core.list_node(label_selector=selector).items:
+            if node.metadata.name not in seen:
+                seen.add(node.metadata.name)
+                zone = (node.metadata.labels or {}).get("topology.kubernetes.io/zone", "?")
+                console.print(
+                    f"  {time.monotonic() - started:5.1f}s node {node.metadata.name} "
+                    f"appeared in {zone}"
+                )
+        job = kube.get_job(DEMO_NAMESPACE, DEMO_JOB) or {}
+        if (job.get("status") or {}).get("phase") in _SETTLED:
+            return job
+        time.sleep(0.5)
+    phase = (job.get("status") or {}).get("phase", "no status")
+    raise DemoError(f"TrainingJob {DEMO_JOB} did not settle in {timeout_s:.0f}s (phase {phase})")
+
+
+def _stop_autoscaler(console: Console, api: client.ApiClient, karpenter: Any) -> None:
+    """The job and the pool go first (nothing pins a node), then Karpenter's nodes."""
+    custom = client.CustomObjectsApi(api)
+    for call, args in (
+        (
+            custom.delete_namespaced_custom_object,
+            ("sailplan.dev", "v1alpha1", DEMO_NAMESPACE, "trainingjobs", DEMO_JOB),
+        ),
+        (
+            custom.delete_cluster_custom_object,
+            ("sailplan.dev", "v1alpha1", "gpupools", AUTOSCALED_POOL),
+        ),
+    ):
+        try:
+            call(*args)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+    karpenter.stop()
+    console.print("removed the demo job, its GPUPool and Karpenter's nodes")
