@@ -28,15 +28,26 @@ class Objective(BaseModel):
     - `throughput`: maximize samples/s, optionally under a budget (USD/hour or USD/iteration).
     - `cost`: minimize USD per sample (equivalently per iteration at fixed global batch),
       optionally subject to a throughput floor.
-    Constraints apply to either kind.
+    - `energy`: minimize GPU energy per iteration with each plan's per-stage clocks at its
+      no-slowdown point (planner/energy), subject to a throughput floor, which it needs:
+      without one the least energy is the slowest plan.
+    Constraints apply to every kind.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    kind: Literal["throughput", "cost"] = "throughput"
+    kind: Literal["throughput", "cost", "energy"] = "throughput"
     min_samples_per_second: float | None = Field(default=None, gt=0)
     max_usd_per_hour: float | None = Field(default=None, gt=0)
     max_usd_per_iteration: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _energy_has_floor(self) -> Objective:
+        if self.kind == "energy" and self.min_samples_per_second is None:
+            raise ValueError(
+                "the energy objective needs a throughput floor: set min_samples_per_second"
+            )
+        return self
 
 
 class PlanRequest(BaseModel):
@@ -73,6 +84,14 @@ class PlanRequest(BaseModel):
             "let pipelines on faster GPUs take more of the global batch (Plan."
             "pipeline_micro_batches; search/uneven.py); False = every pipeline runs the same "
             "count, for a runtime that cannot split unevenly. zero_stage 2 keeps it even"
+        ),
+    )
+    energy_predictions: bool = Field(
+        default=False,
+        description=(
+            "give every returned plan its GPU energy per iteration at default clocks and at "
+            "its no-slowdown per-stage clocks (Predictions.energy), as the energy objective "
+            "always does; needs power data for every GPU type of the cluster"
         ),
     )
     memory_options: bool = Field(

@@ -11,10 +11,11 @@ list of the K best Plan documents, best first, so scripts always get Plan docume
 
 `--energy` adds each plan's GPU energy per iteration at default clocks and at the
 no-slowdown frequency plan (planner/energy; the Plan JSON gains predictions.energy);
-`--frontier-png FILE` draws the best plan's time-energy frontier; `--energy-price` prices
-the energy. `--objective energy` (needs `--min-throughput`) ranks the candidates of the
-cost and throughput searches by the least energy their frequency plans reach above the
-floor: a re-ranking, not a search of the whole space (cli_energy.least_energy).
+`--frontier-png FILE` draws the best plan's time-energy frontier; `--energy-price` (USD/kWh)
+prices the energy of every `--pool` pool (and of cluster-file pools without their own
+usd_per_kwh), which the cost figures and the cost objective then include.
+`--objective energy` (needs `--min-throughput`) is the search's energy objective: the least
+GPU energy per iteration at no-slowdown clocks among plans above the floor.
 """
 
 from __future__ import annotations
@@ -27,15 +28,15 @@ from typing import Annotated, NoReturn
 import typer
 from pydantic import ValidationError
 
-from sailplan.planner.api import Infeasible, Objective, Planned, PlanRequest, make_plan
+from sailplan.planner.api import Infeasible, Objective, PlanRequest, make_plan
 from sailplan.planner.catalog import Catalog, CatalogError, default_catalog
 from sailplan.planner.cli_energy import (
     attach,
     check_price,
     context_for,
     energy_lines,
-    least_energy,
     plot_frontier,
+    priced,
     report_for,
 )
 from sailplan.planner.cli_inputs import (
@@ -51,10 +52,8 @@ from sailplan.planner.cli_sources import (
     load_profiles,
     simulate_plan,
 )
-from sailplan.planner.cluster import ClusterSnapshot
 from sailplan.planner.modelspec import ModelSpec
-from sailplan.planner.plan import Plan
-from sailplan.planner.profiles.types import ProfileSet
+from sailplan.planner.search.energy import input_problem as energy_input_problem
 
 EXIT_USAGE = 2
 EXIT_INFEASIBLE = 3
@@ -64,9 +63,6 @@ class ObjectiveKind(StrEnum):
     throughput = "throughput"
     cost = "cost"
     energy = "energy"
-
-
-ENERGY_CANDIDATES = 5  # plans taken from each of the cost and throughput searches
 
 
 class OptimizerKind(StrEnum):
@@ -157,10 +153,11 @@ def plan_command(
         spec = _model(catalog, model, model_file)
         if (cluster is None) == (not pool):
             _fail("give either --pool flags or --cluster FILE (not both, not neither)")
-        snapshot = (
+        snapshot = priced(
             cluster_from_file(cluster, catalog)
             if cluster is not None
-            else cluster_from_flags(pool or [], catalog, gpus_per_node)
+            else cluster_from_flags(pool or [], catalog, gpus_per_node),
+            energy_price,
         )
         measured = load_profiles(profiles, catalog) if profiles is not None else None
         request = PlanRequest(
@@ -169,12 +166,12 @@ def plan_command(
             optimizer=optimizer.value,
             cluster=snapshot,
             objective=Objective(
-                kind="cost" if energy_objective else objective.value,
+                kind=objective.value,
                 min_samples_per_second=min_throughput or None,
                 max_usd_per_hour=max_cost_per_hour or None,
                 max_usd_per_iteration=max_cost_per_iteration or None,
             ),
-            top_k=max(top, ENERGY_CANDIDATES) if energy_objective else top,
+            top_k=top,
             max_pipeline_depth=max_pipeline_depth,
             memory_options=memory_options,
         )
@@ -183,21 +180,15 @@ def plan_command(
     except ValidationError as error:
         first = error.errors()[0]
         _fail(f"{'.'.join(str(p) for p in first['loc']) or 'request'}: {first['msg']}")
+    problem = energy_input_problem(request, catalog)
+    if problem is not None:
+        _fail(problem)
     result = make_plan(request, measured, catalog)
     if isinstance(result, Infeasible):
         _fail(f"no feasible plan ({result.code}): {result.reason}", EXIT_INFEASIBLE)
     plans = [result.best, *result.alternatives][:top]
     lines: list[list[str]] = []
     try:
-        if energy_objective:
-            plans = _least_energy_plans(
-                request,
-                cost_result=result,
-                measured=measured,
-                catalog=catalog,
-                snapshot=snapshot,
-                top=top,
-            )
         if energy:
             shown = []
             for index, plan in enumerate(plans):
@@ -207,13 +198,6 @@ def plan_command(
                     plan = attach(plan, context, report)
                 shown.append(plan)
                 lines.append(energy_lines(report, energy_price))
-                chosen = plan.predictions.energy if plan.predictions else None
-                if energy_objective and chosen is not None:
-                    lines[-1].append(
-                        f"chosen frequency plan: {chosen.joules_per_iteration / 1e3:.2f} kJ/iteration "
-                        f"at {chosen.iteration_seconds:.3f} s "
-                        f"({plan.global_batch_size / chosen.iteration_seconds:.1f} samples/s)"
-                    )
                 if index == 0 and frontier_png is not None:
                     plot_frontier(report, frontier_png, f"{plan.model.name}: best plan")
                     lines[-1].append(f"frontier plotted to {frontier_png}")
@@ -229,49 +213,6 @@ def plan_command(
             typer.echo(json.dumps(documents, indent=2))
         return
     render_plans(plans, snapshot, result.plans_evaluated, result.search_seconds, lines or None)
-
-
-def _least_energy_plans(
-    request: PlanRequest,
-    *,
-    cost_result: Planned,
-    measured: ProfileSet | None,
-    catalog: Catalog,
-    snapshot: ClusterSnapshot,
-    top: int,
-) -> list[Plan]:
-    """`--objective energy`: the cost search's and the throughput search's best plans under
-    the floor, ranked by the least energy a frequency plan of theirs reaches above it."""
-    floor = request.objective.min_samples_per_second
-    assert floor is not None
-    throughput = make_plan(
-        request.model_copy(
-            update={"objective": request.objective.model_copy(update={"kind": "throughput"})}
-        ),
-        measured,
-        catalog,
-    )
-    candidates: dict[str, Plan] = {}
-    for found in (cost_result, throughput):
-        if isinstance(found, Planned):
-            for plan in (found.best, *found.alternatives):
-                key = plan.model_copy(update={"predictions": None, "reason": ""}).to_json()
-                candidates.setdefault(key, plan)
-    ranked = least_energy(list(candidates.values()), snapshot, measured, catalog, floor)
-    if not ranked:
-        _fail(
-            f"no feasible plan (BelowThroughputFloor): no candidate reaches {floor:g} samples/s",
-            EXIT_INFEASIBLE,
-        )
-    plans = []
-    for plan, _, point in ranked[:top]:
-        reason = (
-            f"least GPU energy above {floor:g} samples/s among {len(candidates)} candidates of "
-            f"the cost and throughput searches: {point.joules_per_iteration / 1e3:.2f} kJ/iteration "
-            f"at {point.iteration_seconds:.3f} s"
-        )
-        plans.append(plan.model_copy(update={"reason": reason}))
-    return plans
 
 
 def simulate_command(

@@ -1,16 +1,15 @@
 """`sailplan plan --energy`: energy per iteration, no-slowdown savings, the frontier PNG.
 
 Called only by planner/cli.py. The energy model and the frequency planner are pure
-(planner/energy); this edge rebuilds the planning context of a chosen plan, renders the
-report as lines, draws the frontier with matplotlib (imported here only, never by the
-planner core: `pip install 'sailplan[plot]'`), and re-ranks candidate plans for the
-`--objective energy` heuristic. Every user mistake is an InputError with one line.
+(planner/energy); this edge puts `--energy-price` on the cluster's pools, rebuilds the
+planning context of a chosen plan, renders the report as lines, and draws the frontier
+with matplotlib (imported here only, never by the planner core:
+`pip install 'sailplan[plot]'`). Every user mistake is an InputError with one line.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from pathlib import Path
 
 from sailplan.planner.catalog import Catalog
@@ -29,6 +28,17 @@ FRONTIER_POINTS = 40
 def check_price(usd_per_kwh: float | None) -> None:
     if usd_per_kwh is not None and usd_per_kwh < 0:
         raise InputError(f"--energy-price {usd_per_kwh:g} USD/kWh is below zero")
+
+
+def priced(snapshot: ClusterSnapshot, usd_per_kwh: float | None) -> ClusterSnapshot:
+    """`--energy-price` on every pool that has no energy price of its own."""
+    if usd_per_kwh is None:
+        return snapshot
+    pools = tuple(
+        p if p.usd_per_kwh is not None else p.model_copy(update={"usd_per_kwh": usd_per_kwh})
+        for p in snapshot.pools
+    )
+    return snapshot.model_copy(update={"pools": pools})
 
 
 def context_for(
@@ -150,30 +160,3 @@ def plot_frontier(report: EnergyReport, path: Path, title: str) -> None:
         raise InputError(f"cannot write {path}: {error.strerror or error}") from None
     finally:
         plt.close(fig)
-
-
-def least_energy(
-    candidates: Sequence[Plan],
-    cluster: ClusterSnapshot,
-    measured: ProfileSet | None,
-    catalog: Catalog,
-    min_samples_per_second: float,
-) -> list[tuple[Plan, EnergyReport, FrontierPoint]]:
-    """Candidates ranked by the least energy any frontier point of theirs reaches while
-    still meeting the throughput floor (the `--objective energy` heuristic)."""
-    ranked = []
-    for plan in candidates:
-        context = context_for(plan, cluster, measured, catalog)
-        report = report_for(plan, context, frontier=True)
-        limit = plan.global_batch_size / min_samples_per_second
-        meeting = [
-            p
-            for p in (report.no_slowdown, *report.frontier)
-            if p.iteration_seconds <= limit * (1 + 1e-9)
-        ]
-        if not meeting:
-            continue
-        point = min(meeting, key=lambda p: (p.joules_per_iteration, p.iteration_seconds))
-        ranked.append((attach(plan, context, report, point), report, point))
-    ranked.sort(key=lambda item: item[2].joules_per_iteration)
-    return ranked

@@ -49,6 +49,12 @@ class Pool(BaseModel):
     usd_per_gpu_hour: float | None = Field(
         default=None, ge=0, description="price override; None = catalog price for the region"
     )
+    usd_per_kwh: float | None = Field(
+        default=None,
+        ge=0,
+        description="price of the energy its GPUs draw; None = energy not priced (the "
+        "cost objectives count GPU-hours and egress only)",
+    )
 
     @model_validator(mode="after")
     def _default_region(self) -> Pool:
@@ -108,8 +114,15 @@ class ClusterSnapshot(BaseModel):
     def content_hash(self) -> str:
         """Stable hash of what matters for planning (pool order does not matter)."""
         body = {
+            # an unpriced pool hashes as it did before energy prices existed
             "pools": sorted(
-                (p.model_dump(mode="json") for p in self.pools), key=lambda d: d["name"]
+                (
+                    p.model_dump(
+                        mode="json", exclude=None if p.usd_per_kwh is not None else {"usd_per_kwh"}
+                    )
+                    for p in self.pools
+                ),
+                key=lambda d: d["name"],
             ),
             "egress": self.egress_usd_per_gb,
         }

@@ -98,18 +98,14 @@ class StageClocks(BaseModel):
 
 class EnergyPrediction(BaseModel):
     """GPU energy of one iteration (planner.energy), at default clocks and at the frequency
-    plan that does not slow the iteration down (Perseus' "no slowdown" point), or the
-    frontier point an energy objective chose."""
+    plan that does not slow the iteration down (Perseus' "no slowdown" point)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     joules_per_iteration_default: float = Field(description="every GPU at its maximum SM clock")
     joules_per_iteration: float = Field(description="with stage_clocks")
     iteration_seconds: float = Field(
-        description=(
-            "with stage_clocks: the default-clock time at no slowdown; under `--objective "
-            "energy` the frontier point chosen above the throughput floor"
-        )
+        description="with stage_clocks: the default-clock time, as no slowdown keeps it"
     )
     stage_clocks: tuple[StageClocks, ...] = ()
     source: Literal["datasheet", "measured"] = Field(

@@ -38,6 +38,12 @@ from sailplan.planner.plan import Plan, Stage
 from sailplan.planner.profiles.types import ProfileSet
 from sailplan.planner.search import memopts, stagedp, uneven
 from sailplan.planner.search.capacity import CapacityModel, KindServers, TypeServers
+from sailplan.planner.search.energy import (
+    EnergyEnvelope,
+    candidates,
+    input_problem,
+    price_floors,
+)
 from sailplan.planner.search.explain import describe_inputs, reasons
 from sailplan.planner.search.objective import Goal, TopK
 from sailplan.planner.search.placement import StageShape, place
@@ -185,14 +191,18 @@ class Search:
         self.pools = tuple(
             sorted((p for p in request.cluster.pools if p.gpus > 0), key=lambda p: p.name)
         )
-        self.prices = tuple(self.costs.price_per_gpu_hour(p.name) for p in self.pools)
+        self.prices = price_floors(self.costs, self.pools)
+        # the energy objective: an envelope search, then its candidates by energy (energy.py)
+        self.energy = (
+            EnergyEnvelope(catalog, self.pools) if request.objective.kind == "energy" else None
+        )
         self.total_gpus = sum(p.gpus for p in self.pools)
         self.gpu_types = sorted({p.gpu_type for p in self.pools})
         self.zones = sorted({p.zone for p in self.pools})
         self.earlier_twins = self._zone_symmetry()
         self.num_layers = request.model.num_layers
         self.stats = _Stats()
-        self.top = TopK(request.top_k)
+        self.top = TopK(candidates(request.top_k) if self.energy else request.top_k)
         self._boundaries: dict[tuple[int, tuple[_KindKey, ...]], list[list[list[float]]]] = {}
         self._capacities: dict[tuple[TypeServers, ...], CapacityModel] = {}
         self._groups: dict[tuple[int, int, tuple[_KindKey, ...]], _Group] = {}
@@ -526,7 +536,22 @@ class Search:
         if len(self.gpu_types) > 1 and uneven_ok:
             # the trainer's ZeRO-2 reduces per micro-batch: its pipelines cannot split unevenly
             self._uneven_pass([(mbs, dp) for mbs, dp, _, _ in prepared])
+        if self.energy is not None:
+            return self._least_energy(self.top.plans())
         return self.top.plans()
+
+    def _least_energy(self, plans: list[Plan]) -> list[Plan]:
+        """The energy objective's step 2 (search/energy.py): the envelope's candidates
+        ranked by their no-slowdown energy."""
+        assert self.energy is not None
+        ranked = TopK(self.request.top_k)
+        for plan in plans:
+            assert plan.predictions is not None
+            predictions = self.energy.with_energy(plan, plan.predictions, self.context)
+            ranked.offer(
+                self.goal.value(predictions), plan.model_copy(update={"predictions": predictions})
+            )
+        return ranked.plans()
 
     def _uneven_pass(self, prepared: list[tuple[int, int]]) -> None:
         """Plans whose pipelines run on two GPU types with the batch split by speed
@@ -596,9 +621,10 @@ class Search:
                     + float(shortest_tail[longest])
                 )
                 rate_lower = dp * depth * cheapest_price
-                if self.goal.time_limit(float("inf"), rate_lower) < time_lower:
+                energy = self._energy_lower(dp, depth)
+                if self.goal.time_limit(float("inf"), rate_lower, *energy) < time_lower:
                     continue
-                bound = self.goal.value_lower(time_lower, rate_lower)
+                bound = self.goal.value_lower(time_lower, rate_lower, *energy)
                 triples.append((bound, mbs, dp, depth, index))
         triples.sort()
         for bound, mbs, dp, depth, index in triples:
@@ -615,6 +641,13 @@ class Search:
                 if self.top.kth() <= guess:
                     continue
             self._solve(mbs, dp, depth, keys, tables)
+
+    def _energy_lower(self, dp: int, depth: int) -> tuple[float, float]:
+        """(least watts, 0 joules) of the energy envelope of a plan of dp x depth stage
+        replicas ((0, 0) for the other objectives; search/energy.py)."""
+        if self.energy is None:
+            return 0.0, 0.0
+        return dp * depth * self.energy.least_watts, 0.0
 
     def _out_of_time(self) -> bool:
         if self.deadline is not None and time.monotonic() >= self.deadline:
@@ -800,6 +833,15 @@ class Search:
             def limit(usage: tuple[int, ...]) -> float:
                 return self.goal.time_limit(min(self.top.kth(), cap), 0.0)
 
+        if self.energy is not None:
+            slot_watts = self.energy.slot_watts(capacity.servers)
+
+            def limit(usage: tuple[int, ...]) -> float:
+                watts = sum(u * w for u, w in zip(usage, slot_watts, strict=True))
+                return self.goal.time_limit(
+                    min(self.top.kth(), cap), capacity.usd_per_hour_lower(usage), watts
+                )
+
         self.stats.dp_runs += 1
         common = {
             **group.dp_args,
@@ -862,9 +904,12 @@ class Search:
             self.stats.simulated += 1
             if not self.goal.satisfied(predictions):
                 continue
-            self.top.offer(
-                self.goal.value(predictions), plan.model_copy(update={"predictions": predictions})
+            value = (
+                self.goal.value(predictions)
+                if self.energy is None
+                else self.energy.envelope(plan, predictions)
             )
+            self.top.offer(value, plan.model_copy(update={"predictions": predictions}))
 
 
 def search(request: PlanRequest, profiles: ProfileSet, catalog: Catalog) -> PlanResult:
@@ -873,6 +918,9 @@ def search(request: PlanRequest, profiles: ProfileSet, catalog: Catalog) -> Plan
     come back with exhaustive=False."""
     started = time.perf_counter()
     deadline = time.monotonic() + request.deadline_seconds if request.deadline_seconds else None
+    problem = input_problem(request, catalog)
+    if problem is not None:
+        return Infeasible(code="NoProfile", reason=problem)
     engine = Search(request, profiles, catalog, deadline)
     if not engine.pools:
         return Infeasible(code="NoCapacity", reason="the cluster has no ready GPUs")
@@ -897,6 +945,15 @@ def search(request: PlanRequest, profiles: ProfileSet, catalog: Catalog) -> Plan
         )
     if not plans:
         return _explain_infeasible(request, profiles, catalog, engine, deadline)
+    if request.energy_predictions and engine.energy is None:
+        plans = [
+            p.model_copy(
+                update={"predictions": EnergyEnvelope.with_energy(p, p.predictions, engine.context)}
+            )
+            if p.predictions is not None
+            else p
+            for p in plans
+        ]
     inputs = describe_inputs(plans, engine.context, request.cluster.content_hash())
     explained = reasons(plans, engine.goal)
     for i, plan in enumerate(plans):

@@ -71,7 +71,13 @@ def reasons(plans: Sequence[Plan], goal: Goal) -> list[str]:
     best = plans[0]
     assert best.predictions is not None
     cost = goal.objective.kind == "cost"
-    if cost:
+    energy = goal.objective.kind == "energy"
+    if energy:
+        headline = (
+            f"least GPU energy at no-slowdown clocks: {goal.value(best.predictions) / 1e3:.2f} "
+            f"kJ/iteration at {best.predictions.samples_per_second:.1f} samples/s"
+        )
+    elif cost:
         headline = (
             f"lowest cost: {best.predictions.usd_per_iteration:.4f} USD/iteration at "
             f"{best.predictions.samples_per_second:.1f} samples/s"
@@ -84,7 +90,11 @@ def reasons(plans: Sequence[Plan], goal: Goal) -> list[str]:
     out = [f"{headline}; {_shape(best)}"]
     for plan in plans[1:]:
         assert plan.predictions is not None
-        if cost:
+        if energy:
+            base = goal.value(best.predictions)
+            delta = (goal.value(plan.predictions) - base) / base * 100 if base else 0.0
+            lead = f"{delta:.1f}% more energy"
+        elif cost:
             base = best.predictions.usd_per_iteration
             delta = (plan.predictions.usd_per_iteration - base) / base * 100 if base else 0.0
             lead = f"{delta:.1f}% more USD/iteration"

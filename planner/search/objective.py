@@ -2,7 +2,9 @@
 
 Throughput: lower iteration time is better (the global batch is fixed, so this is higher
 samples/s). Cost: lower USD per iteration is better (USD per sample at a fixed batch).
-Constraints (throughput floor, USD/hour and USD/iteration budgets) apply to either kind.
+Energy: lower GPU joules per iteration at the plan's no-slowdown clocks is better; the
+search prunes with an envelope of it (search/energy.py: time x watts, joules_lower = 0).
+Constraints (throughput floor, USD/hour and USD/iteration budgets) apply to every kind.
 Ties are broken by a stable order (fewer GPUs, shallower pipeline, smaller DP, then the
 plan's own layout), so the same input always gives the same output.
 
@@ -41,6 +43,9 @@ class Goal:
     def value(self, predictions: Predictions) -> float:
         if self.objective.kind == "cost":
             return predictions.usd_per_iteration
+        if self.objective.kind == "energy":
+            energy = predictions.energy
+            return float("inf") if energy is None else energy.joules_per_iteration
         return predictions.iteration_seconds
 
     def satisfied(self, predictions: Predictions) -> bool:
@@ -58,13 +63,23 @@ class Goal:
             and predictions.usd_per_iteration > o.max_usd_per_iteration * (1 + _EPS)
         )
 
-    def time_limit(self, kth_value: float, usd_per_hour_lower: float) -> float:
-        """Largest iteration time a plan with this price floor may have and still matter."""
+    def time_limit(
+        self,
+        kth_value: float,
+        usd_per_hour_lower: float,
+        watts_lower: float = 0.0,
+        joules_lower: float = 0.0,
+    ) -> float:
+        """Largest iteration time a plan with this price floor may have and still matter.
+        Energy: a plan draws at least watts_lower all iteration and joules_lower more."""
         o = self.objective
         limit = float("inf")
         if o.kind == "cost":
             if usd_per_hour_lower > 0:
                 limit = kth_value * 3600.0 / usd_per_hour_lower
+        elif o.kind == "energy":
+            if watts_lower > 0:
+                limit = (kth_value - joules_lower) / watts_lower
         else:
             limit = kth_value
         if o.min_samples_per_second is not None:
@@ -75,9 +90,17 @@ class Goal:
             return -1.0
         return limit * (1 + 1e-9)  # keep exact ties: the stable order decides them
 
-    def value_lower(self, time_lower: float, usd_per_hour_lower: float) -> float:
+    def value_lower(
+        self,
+        time_lower: float,
+        usd_per_hour_lower: float,
+        watts_lower: float = 0.0,
+        joules_lower: float = 0.0,
+    ) -> float:
         if self.objective.kind == "cost":
             return time_lower * usd_per_hour_lower / 3600.0
+        if self.objective.kind == "energy":
+            return time_lower * watts_lower + joules_lower
         return time_lower
 
 

@@ -54,6 +54,9 @@ if TYPE_CHECKING:
 FloatArray = npt.NDArray[np.float64]
 
 
+JOULES_PER_KWH = 3.6e6  # 1 kWh = 1000 W x 3600 s
+
+
 class MissingProfileError(LookupError):
     """Something the plan needs is not in the context: a compute profile (measured or
     estimated) for a GPU type / TP / micro-batch point, or the pool a replica names."""
@@ -835,6 +838,23 @@ class CostModel:
                 )
             self._prices[pool] = price
         return price
+
+    def usd_per_joule(self, pool: str) -> float:
+        """The pool's energy price per joule (0.0 when its energy is not priced)."""
+        self.price_per_gpu_hour(pool)  # the same error for a pool the snapshot lacks
+        usd_per_kwh = self._pools[pool].usd_per_kwh
+        return 0.0 if usd_per_kwh is None else usd_per_kwh / JOULES_PER_KWH
+
+    def gpu_watts(self, gpu_type: str) -> tuple[float, float]:
+        """(power computing at the default clock, power while blocked) from the catalog's
+        power fields (planner/energy's model at the maximum clock: TDP, blocking power)."""
+        power = self.context.catalog.gpu(gpu_type).power
+        if power is None:
+            raise MissingProfileError(
+                f"no power data for GPU type {gpu_type!r} to price its energy; give its "
+                "catalog power fields, or leave its pools' energy price unset"
+            )
+        return power.tdp_watts, power.block_watts
 
     def egress_usd_per_gb(self, zone_a: str, zone_b: str) -> float:
         key = (zone_a, zone_b)

@@ -20,7 +20,9 @@ CostModel the search uses. The model, term by term:
   shared over the plan's data-parallel degree), in-flight activations under 1F1B,
   framework overhead;
 - USD: every GPU of the plan for the iteration at its pool's price, plus cross-zone bytes
-  (activations and gradients between stages, all-reduce ring links) at the zone-pair price.
+  (activations and gradients between stages, all-reduce ring links) at the zone-pair price,
+  plus, for pools with an energy price (Pool.usd_per_kwh), their GPUs' energy at default
+  clocks (blocking power all iteration, load power while computing; catalog power fields).
 """
 
 from __future__ import annotations
@@ -136,7 +138,8 @@ def simulate(plan: Plan, context: PlanningContext) -> Predictions:
     gpu_usd_per_hour = 0.0
     for worker in plan.workers():
         gpu_usd_per_hour += worker.tensor_parallel * costs.price_per_gpu_hour(worker.pool)
-    usd_per_iteration = gpu_usd_per_hour * iteration / 3600.0 + egress_usd
+    energy_usd = _energy_usd(plan, context, iteration)
+    usd_per_iteration = gpu_usd_per_hour * iteration / 3600.0 + egress_usd + energy_usd
 
     return Predictions(
         iteration_seconds=iteration,
@@ -153,7 +156,31 @@ def simulate(plan: Plan, context: PlanningContext) -> Predictions:
         pipeline_seconds=pipeline,
         allreduce_seconds=exposed_allreduce[slowest_tail],
         update_seconds=update_seconds[slowest_tail],
+        energy_usd_per_iteration=energy_usd,
     )
+
+
+def _energy_usd(plan: Plan, context: PlanningContext, iteration: float) -> float:
+    """Energy of the GPUs in pools with an energy price, at default clocks: each GPU draws
+    its blocking power for the whole iteration and its default-clock load power above that
+    while it computes (its forward/backward passes and its optimizer step): the energy
+    model's default point (planner/energy/plan_energy.py) with the catalog's power."""
+    costs = context.costs
+    usd = 0.0
+    for worker in plan.workers():
+        per_joule = costs.usd_per_joule(worker.pool)
+        if per_joule == 0.0:
+            continue
+        stage = plan.stages[worker.stage]
+        a, b = stage.layer_start, stage.layer_end
+        table = costs.require_table(worker.gpu_type, stage.tensor_parallel, plan.micro_batch_size)
+        busy = plan.micro_batches_of(worker.replica) * table.forward_backward_seconds(
+            a, b
+        ) + table.update_seconds(a, b)
+        load, blocking = costs.gpu_watts(worker.gpu_type)
+        joules = worker.tensor_parallel * (blocking * iteration + (load - blocking) * busy)
+        usd += joules * per_joule
+    return usd
 
 
 def _uneven_pipeline_seconds(plan: Plan, context: PlanningContext) -> float:
