@@ -133,7 +133,15 @@ async def observe(
     pods, plans, service = await run_blocking(kube.list_job_children, namespace, name)
     profiling_jobs = await run_blocking(kube.list_profiling_jobs, namespace, name)
     workloads: tuple[kueue.ObservedWorkload, ...] | None = ()
+    priority = 0
     if kueue.queue_of(job):
+        overrides = job.spec.pod_template_overrides
+        priority_class = (
+            overrides.spec.priority_class_name if overrides and overrides.spec else None
+        )
+        if priority_class:
+            value = await run_blocking(kube.priority_class_value, priority_class)
+            priority = value or 0  # none of that name: the API server refuses the workers
         bodies = await run_blocking(kube.list_workloads, namespace, name)
         workloads = (
             None
@@ -150,4 +158,5 @@ async def observe(
         nodes=nodes,
         profiling_jobs=tuple(j for j in (observed_job(b) for b in profiling_jobs) if j is not None),
         workloads=workloads,
+        workload_priority=priority,
     )

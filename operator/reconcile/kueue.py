@@ -42,6 +42,9 @@ PLURAL: Final = "workloads"
 KIND: Final = "Workload"
 ROLE_WORKLOAD: Final = "workload"
 GPU_RESOURCE: Final = "nvidia.com/gpu"
+# Where a Workload's priority comes from when it is the workers' PriorityClass (Kueue's
+# constants.PodPriorityClassSource): Kueue preempts lower-priority Workloads for it.
+POD_PRIORITY_CLASS_SOURCE: Final = "scheduling.k8s.io/priorityclass"
 
 # The TrainingJob's condition about its Workload, and its reasons.
 COND_ADMITTED: Final = "Admitted"
@@ -159,10 +162,16 @@ def _template(pod: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def render_workload(
-    job: TrainingJob, generation: int, pods: Sequence[Mapping[str, Any]], queue: str
+    job: TrainingJob,
+    generation: int,
+    pods: Sequence[Mapping[str, Any]],
+    queue: str,
+    priority: int = 0,
 ) -> dict[str, Any]:
     """The Workload of plan generation `generation`, from all of its rendered workers: one
-    pod set per (GPUPool, GPUs per worker), in that order (Kueue allows at most 8)."""
+    pod set per (GPUPool, GPUs per worker), in that order (Kueue allows at most 8). Workers
+    with a PriorityClass give it its name and `priority` (its value) to the Workload, as
+    Kueue's own integrations do, so Kueue orders and preempts by it."""
     groups: dict[str, dict[int, list[Mapping[str, Any]]]] = {}
     for pod in pods:
         pool = str((pod["metadata"].get("labels") or {}).get(naming.LABEL_GPUPOOL, ""))
@@ -179,6 +188,16 @@ def render_workload(
         for pool, shapes in sorted(groups.items())
         for gpus, members in sorted(shapes.items())
     ]
+    spec: dict[str, Any] = {"queueName": queue, "podSets": pod_sets}
+    priority_class = next(
+        (p["spec"]["priorityClassName"] for p in pods if p["spec"].get("priorityClassName")), ""
+    )
+    if priority_class:
+        spec |= {
+            "priorityClassName": priority_class,
+            "priorityClassSource": POD_PRIORITY_CLASS_SOURCE,
+            "priority": priority,
+        }
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": KIND,
@@ -192,7 +211,7 @@ def render_workload(
             },
             "ownerReferences": [owner_reference(job)],
         },
-        "spec": {"queueName": queue, "podSets": pod_sets},
+        "spec": spec,
     }
 
 
@@ -248,9 +267,11 @@ def admit(
     generation_pods: Sequence[Mapping[str, Any]],
     finished: bool,
     previous: Condition | None,
+    priority: int = 0,
 ) -> Admission | None:
     """Gate the pass's worker creations on the Workload of plan generation `generation`
-    (`generation_pods`: all its rendered workers). None: the job is not queued."""
+    (`generation_pods`: all its rendered workers; `priority`: the value of their
+    PriorityClass). None: the job is not queued."""
     queue = queue_of(job)
     if not queue:
         return None
@@ -283,7 +304,7 @@ def admit(
     if current is None or current.deleting:
         if not pods or not generation_pods:
             return Admission(tuple(create), delete_workloads=stale)
-        workload = render_workload(job, generation, generation_pods, queue)
+        workload = render_workload(job, generation, generation_pods, queue, priority)
         message = (
             f"Workload {workload['metadata']['name']} ({gang_summary(workload)}) queued in "
             f"LocalQueue {queue}; the workers start once Kueue admits it"

@@ -131,6 +131,8 @@ class Observed:
     # The job's Kueue Workloads (reconcile.kueue), read only for a job with a queue name;
     # None: the API server does not serve them (Kueue is not installed).
     workloads: tuple[kueue.ObservedWorkload, ...] | None = ()
+    # The value of the workers' PriorityClass, for that Workload (read for queued jobs).
+    workload_priority: int = 0
 
 
 def observed_pod(body: Mapping[str, Any]) -> triggers.WorkerPod | None:
@@ -368,6 +370,7 @@ def _admitted(observed: Observed, outcome: Outcome, now: datetime) -> Outcome:
         generation_pods=generation_pods,
         finished=status.phase in (api.PHASE_SUCCEEDED, api.PHASE_FAILED),
         previous=find_condition(job.status.conditions, kueue.COND_ADMITTED),
+        priority=observed.workload_priority,
     )
     if admission is None:
         return outcome

@@ -71,12 +71,12 @@ def pipeline_seconds(plan: Plan, context: PlanningContext, counts: tuple[int, ..
             for s in plan.stages
         ]
         links = [
-            costs.p2p_seconds(
-                costs.boundary_bytes(mbs, b.layer_start)
-                * min(a.tensor_parallel, b.tensor_parallel),
+            costs.boundary_seconds(
+                costs.boundary_bytes(mbs, b.layer_start),
                 a.replicas[r],
                 b.replicas[r],
-                min(a.tensor_parallel, b.tensor_parallel),
+                a.tensor_parallel,
+                b.tensor_parallel,
             )
             for a, b in zip(plan.stages, plan.stages[1:], strict=False)
         ]
@@ -304,13 +304,13 @@ class UnevenPass:
         )
         hops = []
         for start in range(num_layers):
-            nbytes = costs.boundary_bytes(shape.mbs, max(start, 1)) * tp
+            nbytes = costs.boundary_bytes(shape.mbs, max(start, 1))
             hops.append(
                 [
                     [
                         max(
-                            costs.p2p_seconds(nbytes, end_fast, end_fast, tp),
-                            costs.p2p_seconds(nbytes, end_slow, end_slow, tp),
+                            costs.boundary_seconds(nbytes, end_fast, end_fast, tp, tp),
+                            costs.boundary_seconds(nbytes, end_slow, end_slow, tp, tp),
                         )
                     ]
                 ]

@@ -24,7 +24,8 @@ from kubernetes import client
 from operator_process import ClusterRbac, OperatorProcess, service_account_kubeconfig
 from outcome import failed
 from test_autoscaled_pools_cluster import ZONE, grown_pool, release_then_reset, running_on
-from test_operator_cluster import get_job, job_body, pods_of
+from test_operator_cluster import get_job, job_body, job_events, pods_of
+from test_priority_cluster import priority_classes  # noqa: F401 (a fixture)
 from waiting import wait_for
 
 from sailplan.operator.api.common import GROUP, VERSION
@@ -88,6 +89,20 @@ def admitted(job: dict[str, Any]) -> tuple[str, str, str] | None:
     return None
 
 
+def wait_admitted(
+    k8s_api: Any, namespace: str, name: str, explain: Callable[[], str]
+) -> tuple[str, str, str]:
+    """The job's Admitted=True condition (written in the pass that creates the workers,
+    after them: a worker may be Running a moment before it)."""
+
+    def check() -> tuple[str, str, str] | None:
+        found = admitted(get_job(k8s_api, namespace, name))
+        return found if found and found[0] == "True" else None
+
+    found: tuple[str, str, str] = wait_for(f"{name} Admitted", check, 30, explain)
+    return found
+
+
 def queued_job(namespace: str, name: str, pool: str, queue: str) -> dict[str, Any]:
     body = job_body(
         namespace,
@@ -103,7 +118,13 @@ def queued_job(namespace: str, name: str, pool: str, queue: str) -> dict[str, An
 
 
 def queue_objects(
-    namespace: str, flavor: str, node_pool: str, cluster_queue: str, queue: str
+    namespace: str,
+    flavor: str,
+    node_pool: str,
+    cluster_queue: str,
+    queue: str,
+    *,
+    preemption: dict[str, str] | None = None,
 ) -> list[tuple[tuple[str, ...], dict[str, Any]]]:
     """What a cluster admin defines: the pool's ResourceFlavor, a ClusterQueue with a quota
     in it, a LocalQueue in the job's namespace (docs/guide/kueue.md shows the same)."""
@@ -126,6 +147,7 @@ def queue_objects(
                 "metadata": {"name": cluster_queue},
                 "spec": {
                     "namespaceSelector": {},
+                    **({"preemption": preemption} if preemption else {}),
                     "resourceGroups": [
                         {
                             "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
@@ -280,9 +302,9 @@ def test_kueue_admits_a_plan_as_one_gang_and_queues_a_job_over_quota_with_the_re
             180,
             explain,
         )
+        found = wait_admitted(k8s_api, namespace, "first", explain)
+        assert found[1] == kueue.REASON_ADMITTED
         job = get_job(k8s_api, namespace, "first")
-        found = admitted(job)
-        assert found is not None and found[:2] == ("True", kueue.REASON_ADMITTED)
         gpus = sum(
             int((c.resources.requests or {}).get("nvidia.com/gpu", 0))
             for p in first
@@ -323,8 +345,7 @@ def test_kueue_admits_a_plan_as_one_gang_and_queues_a_job_over_quota_with_the_re
             180,
             explain,
         )
-        found = admitted(get_job(k8s_api, namespace, "second"))
-        assert found is not None and found[0] == "True"
+        wait_admitted(k8s_api, namespace, "second", explain)
     finally:
         release_then_reset(k8s_api, namespace, local_cluster)
         for path, name in reversed(created):
@@ -415,8 +436,7 @@ def test_an_evicted_job_drains_then_queues_its_next_plan_and_runs_when_readmitte
         )
         generations = {p.metadata.labels["sailplan.dev/plan-generation"] for p in again}
         assert generations != {"1"} and len(generations) == 1
-        found = admitted(get_job(k8s_api, namespace, "evictee"))
-        assert found is not None and found[0] == "True"
+        wait_admitted(k8s_api, namespace, "evictee", explain)
         names = [
             w["metadata"]["name"]
             for w in custom.list_namespaced_custom_object(
@@ -424,6 +444,90 @@ def test_an_evicted_job_drains_then_queues_its_next_plan_and_runs_when_readmitte
             )["items"]
         ]
         assert names == [kueue.workload_name("evictee", int(generations.pop()))]
+    finally:
+        release_then_reset(k8s_api, namespace, local_cluster)
+        for path, name in reversed(created):
+            try:
+                if len(path) == 4:
+                    custom.delete_namespaced_custom_object(*path, name)
+                else:
+                    custom.delete_cluster_custom_object(*path, name)
+            except client.ApiException as error:
+                if error.status != 404:
+                    raise
+
+
+def test_kueue_preempts_a_lower_priority_job_for_a_higher_one_which_then_runs(
+    *,
+    k8s_api: Any,
+    namespace: str,
+    gpupools: Callable[..., str],
+    local_cluster: Any,
+    kueue_manager: Kueue,
+    rbac_operator: OperatorProcess,
+    priority_classes: tuple[str, str],  # noqa: F811 (the fixture imported above)
+) -> None:
+    """The workers' PriorityClass is the Workload's: in a ClusterQueue that preempts lower
+    priorities, a high-priority job's Workload evicts the running low-priority one, whose
+    workers drain and go; the high-priority job is admitted and runs on that node."""
+    low, high = priority_classes
+    node_pool = f"preempt-{uuid.uuid4().hex[:6]}"
+    local_cluster.add_nodes([node_manifest(grown_pool(node_pool), ZONE, 0)])
+    custom = client.CustomObjectsApi(k8s_api)
+    suffix = uuid.uuid4().hex[:6]
+    flavor, cluster_queue, queue = f"flavor-{suffix}", f"gpus-{suffix}", "gpus"
+    explain = explainer(k8s_api, kueue_manager, namespace, ("low", "high"))
+    objects = queue_objects(
+        namespace,
+        flavor,
+        node_pool,
+        cluster_queue,
+        queue,
+        preemption={"withinClusterQueue": "LowerPriority"},
+    )
+    created: list[tuple[tuple[str, ...], str]] = []
+    try:
+        pool = gpupools(node_pool, pricing={"onDemandUsdPerGpuHour": USD_PER_GPU_HOUR})
+        for path, body in objects:
+            if len(path) == 4:
+                custom.create_namespaced_custom_object(*path, body)
+            else:
+                custom.create_cluster_custom_object(*path, body)
+            created.append((path, body["metadata"]["name"]))
+        for name, priority_class in (("low", low), ("high", high)):
+            job = queued_job(namespace, name, pool, queue)
+            job["spec"]["podTemplateOverrides"] = {"spec": {"priorityClassName": priority_class}}
+            job["spec"]["replan"] = {"drainTimeoutSeconds": 10}
+            custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs", job)
+            if name == "low":
+                first = wait_for(
+                    "the low-priority job Running",
+                    running_on(k8s_api, namespace, "low", pool),
+                    180,
+                    explain,
+                )
+        wait_for(
+            "the high-priority job Running",
+            running_on(k8s_api, namespace, "high", pool),
+            180,
+            explain,
+        )
+        wait_admitted(k8s_api, namespace, "high", explain)
+        workloads = {
+            w["metadata"]["name"]: w
+            for w in custom.list_namespaced_custom_object(
+                kueue.GROUP, kueue.VERSION, namespace, kueue.PLURAL
+            )["items"]
+        }
+        high_workload = next(w for n, w in workloads.items() if n.startswith("high-"))
+        assert high_workload["spec"]["priorityClassName"] == high
+        assert high_workload["spec"]["priority"] == 100_000
+        # Kueue took the low-priority job's admission: the job said so and its first
+        # workers are gone.
+        evicted = [e for e in job_events(k8s_api, namespace, "low") if e.reason == "Evicted"]
+        assert evicted and "Preempted" in evicted[0].message, explain()
+        left = {p.metadata.uid for p in pods_of(k8s_api, namespace, "low")}
+        assert not left & {p.metadata.uid for p in first}
     finally:
         release_then_reset(k8s_api, namespace, local_cluster)
         for path, name in reversed(created):

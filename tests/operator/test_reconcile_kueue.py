@@ -324,3 +324,26 @@ def test_the_shipped_queues_give_every_example_gpupool_its_flavor_and_quota() ->
     namespaces = {d["metadata"]["name"] for d in examples if d["kind"] == "Namespace"}
     assert local["metadata"]["namespace"] in namespaces
     assert local["spec"]["clusterQueue"] == cluster_queue["metadata"]["name"]
+
+
+def test_the_workers_priority_class_is_the_workloads_so_kueue_orders_and_preempts_by_it(
+    make_job: Callable[..., TrainingJob], pools: tuple[GPUPool, ...], plan: Plan, catalog: Catalog
+) -> None:
+    overrides = {"spec": {"priorityClassName": "training-high"}}
+    job = make_job(JOB_SPEC | {"podTemplateOverrides": overrides}).model_copy(
+        update={"labels": {kueue.QUEUE_LABEL: QUEUE}}
+    )
+    observed = Observed(job=job, pools=pools, workload_priority=100_000)
+    outcome = reconcile(observed, RecordingPlanner(Planned(best=plan)), catalog, NOW)
+    (workload,) = [o for o in outcome.create if o["kind"] == "Workload"]
+    assert {k: workload["spec"][k] for k in ("priorityClassName", "priority")} == {
+        "priorityClassName": "training-high",
+        "priority": 100_000,
+    }
+    assert workload["spec"]["priorityClassSource"] == "scheduling.k8s.io/priorityclass"
+    # Without one the Workload names none (Kueue then uses its default, 0).
+    plain = first_pass(
+        make_job().model_copy(update={"labels": {kueue.QUEUE_LABEL: QUEUE}}), pools, plan, catalog
+    )
+    (workload,) = [o for o in plain.create if o["kind"] == "Workload"]
+    assert "priorityClassName" not in workload["spec"] and "priority" not in workload["spec"]
