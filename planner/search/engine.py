@@ -305,6 +305,7 @@ class Search:
                         dp=dp,
                         layout=layout,
                         memory_options=self.request.memory_options,
+                        max_in_flight=self.request.global_batch_size // (mbs * dp),
                     )
                     if built is not None:
                         keys.append(_KindKey(gpu_type, tp, zone))
@@ -319,6 +320,7 @@ class Search:
                         dp=dp,
                         layout=spanning,
                         memory_options=self.request.memory_options,
+                        max_in_flight=self.request.global_batch_size // (mbs * dp),
                     )
                     if built is not None:
                         keys.append(_KindKey(gpu_type, tp, ""))

@@ -51,9 +51,10 @@ def _range_matrix(prefix: FloatMatrix) -> FloatMatrix:
 def _range_max(values: FloatMatrix) -> FloatMatrix:
     """M[a, b] = max(values[a:b]) for a < b (0 elsewhere)."""
     n = len(values) + 1
+    # row a: the values from layer a on, then their running maximum along the row
+    rows = np.where(np.arange(n - 1)[None, :] >= np.arange(n)[:, None], values[None, :], 0.0)
     out = np.zeros((n, n))
-    for a in range(n - 1):
-        out[a, a + 1 :] = np.maximum.accumulate(values[a:])
+    out[:, 1:] = np.maximum.accumulate(rows, axis=1)
     return out
 
 
@@ -70,6 +71,7 @@ class OptionTables:
     tail: FloatMatrix  # without offload
     tail_offloaded: FloatMatrix
     _choices: dict[int, npt.NDArray[np.int8]] = field(default_factory=dict, compare=False)
+    _least: dict[int, list[list[float]]] = field(default_factory=dict, compare=False)
 
     def need(self, option: int, in_flight: int) -> FloatMatrix:
         need: FloatMatrix = self.base[option] + self.per_flight[option] * in_flight
@@ -95,11 +97,15 @@ class OptionTables:
         return np.where(offloaded, self.tail_offloaded, self.tail)
 
     def least_memory(self, a: int, b: int, in_flight: int) -> float:
-        return min(
-            float(self.need(option, in_flight)[a, b])
-            for option in _TRIED
-            if self.allowed[option][a, b]
-        )
+        """The least memory range [a, b) needs with any option it may take."""
+        least = self._least.get(in_flight)
+        if least is None:
+            needs = [
+                np.where(self.allowed[option], self.need(option, in_flight), np.inf)
+                for option in _TRIED
+            ]
+            least = self._least[in_flight] = np.min(needs, axis=0).tolist()
+        return float(least[a][b])
 
 
 def option_tables(
@@ -112,17 +118,15 @@ def option_tables(
     update: FloatMatrix,
     base: FloatMatrix,
     per_flight: FloatMatrix,
+    boundary: FloatMatrix,
 ) -> OptionTables:
     """The option matrices of one kind, from terms.kind_tables' own (same arithmetic as
     CostModel.stage_memory_bytes and simulate() with the stage's options)."""
     factor = costs.constants.activation_allocator_factor
     overhead = costs.constants.framework_overhead_bytes
-    tp, mbs = table.tensor_parallel, table.micro_batch_size
+    tp = table.tensor_parallel
     params = _range_matrix(table.params)
     n = costs.num_layers + 1
-    boundary = np.zeros((n, 1))
-    for a in range(1, n - 1):
-        boundary[a, 0] = costs.boundary_bytes(mbs, a)
     assert table.kept_outputs is not None and table.layer_activations is not None
     kept = (_range_matrix(table.kept_outputs) + boundary) * factor
     recompute_base = base + _range_max(table.layer_activations) * factor

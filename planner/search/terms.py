@@ -45,17 +45,17 @@ class OptionRows:
 
     def __init__(self, plain: list[list[float]], varied: FloatMatrix, used: BoolMatrix) -> None:
         self._plain, self._varied, self._used = plain, varied, used
+        # per start layer: does any range take the option (a plain list: read per DP state)
+        self._any = [bool(row.any()) for row in used]
         self._rows: dict[int, list[float]] = {}
 
     def __getitem__(self, start: int) -> list[float]:
+        if not self._any[start]:
+            return self._plain[start]
         row = self._rows.get(start)
         if row is None:
-            used = self._used[start]
-            if used.any():
-                plain = np.asarray(self._plain[start])
-                row = np.where(used, self._varied[start], plain).tolist()
-            else:
-                row = self._plain[start]
+            plain = np.asarray(self._plain[start])
+            row = np.where(self._used[start], self._varied[start], plain).tolist()
             self._rows[start] = row
         return row
 
@@ -156,9 +156,11 @@ def kind_tables(
     dp: int,
     layout: AllReduceLayout,
     memory_options: bool = False,
+    max_in_flight: int | None = None,
 ) -> KindTables | None:
     """Matrices for a stage of `dp` replicas of (gpu_type, tp) whose all-reduce runs on layout;
-    with `memory_options`, recomputation and offload where a range does not fit without."""
+    with `memory_options`, recomputation and offload where a range does not fit without
+    (with `max_in_flight`, at most that many micro-batches in flight: the pipeline's count)."""
     table = costs.table(gpu_type, tp, mbs)
     if table is None:
         return None
@@ -186,8 +188,8 @@ def kind_tables(
     inf = np.inf
     options = None
     capacity = costs.gpu_memory_bytes(gpu_type)
-    # every range fits even with a micro-batch in flight per layer: nothing to choose
-    deepest = base + per_flight * costs.num_layers
+    # every range fits even at the most micro-batches in flight: nothing to choose
+    deepest = base + per_flight * min(costs.num_layers, max_in_flight or costs.num_layers)
     if memory_options and not np.all(deepest[upper] <= capacity):
         options = option_tables(
             costs,
@@ -198,6 +200,7 @@ def kind_tables(
             update=update,
             base=np.asarray(base),
             per_flight=per_flight,
+            boundary=boundary,
         )
         # the bounds read `tail`: the least of both (offload may beat a slow GPU update)
         tail = np.minimum(tail, options.tail_offloaded)
