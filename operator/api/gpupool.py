@@ -175,6 +175,13 @@ class Pricing(KubeModel):
 
     on_demand_usd_per_gpu_hour: float | None = Field(default=None, ge=0)
     spot_usd_per_gpu_hour: float | None = Field(default=None, ge=0)
+    energy_usd_per_kwh: float | None = Field(
+        default=None,
+        ge=0,
+        description="price of the energy the pool's GPUs draw: the Cost objective and "
+        "budgets then add it (at default clocks, from the catalog's GPU power) to the GPU "
+        "price; unset means energy is not priced",
+    )
 
 
 TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]

@@ -255,14 +255,49 @@ class PoolSelection(KubeModel):
     selector: LabelSelector | None = Field(default=None, description="on the GPUPools' labels")
 
 
-class ObjectiveSpec(KubeModel):
-    """What "best" means (planner Objective) plus search limits."""
+ENERGY_OBJECTIVE_RULES: Final[list[JsonValue]] = [
+    {
+        "rule": "self.kind != 'Energy' || has(self.minSamplesPerSecond)",
+        "message": "kind Energy needs minSamplesPerSecond: without a throughput floor the "
+        "least energy is the slowest plan",
+    },
+]
 
-    kind: Literal["Throughput", "Cost"] = "Throughput"
+
+class ObjectiveSpec(KubeModel):
+    """What "best" means (planner Objective) plus search limits. Energy: the least GPU
+    energy per iteration, with each plan's no-slowdown SM clocks, among plans that reach
+    minSamplesPerSecond (required)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"x-kubernetes-validations": ENERGY_OBJECTIVE_RULES}
+    )
+
+    kind: Literal["Throughput", "Cost", "Energy"] = "Throughput"
     min_samples_per_second: float | None = Field(default=None, gt=0)
     max_usd_per_hour: float | None = Field(default=None, gt=0)
     max_usd_per_iteration: float | None = Field(default=None, gt=0)
     max_pipeline_depth: int | None = Field(default=None, ge=1, le=1024)
+
+    @model_validator(mode="after")
+    def _energy_has_floor(self) -> ObjectiveSpec:
+        if self.kind == "Energy" and self.min_samples_per_second is None:
+            raise ValueError("objective.kind Energy needs objective.minSamplesPerSecond")
+        return self
+
+
+# The annotation that opted a job into clocks before spec.energy.clocks (still honoured by
+# the node agent and the operator, deprecated).
+ENERGY_CLOCKS_ANNOTATION: Final = f"{GROUP}/energy-clocks"
+
+
+class EnergySpec(KubeModel):
+    """GPU clocks of the job's workers. NoSlowdown: the node agent (a DaemonSet) locks each
+    worker's GPUs to its stage's SM clock at the plan's no-slowdown point (Perseus: stages
+    off the critical path slow down just enough to keep up), which the plan carries
+    (predictions.energy.stageClocks); Default: the agent leaves the clocks alone."""
+
+    clocks: Literal["Default", "NoSlowdown"] = "Default"
 
 
 class TrainerSpec(KubeModel):
@@ -682,6 +717,7 @@ class TrainingJobSpec(KubeModel):
     training: TrainingSettings
     pools: PoolSelection = PoolSelection()
     objective: ObjectiveSpec = ObjectiveSpec()
+    energy: EnergySpec = EnergySpec()
     trainer: TrainerSpec
     checkpoint: CheckpointSpec
     replan: ReplanPolicy = ReplanPolicy()
@@ -730,6 +766,15 @@ class PlanSummary(StatusModel):
     predicted_samples_per_second: DisplayNumber = None
     predicted_usd_per_hour: DisplayNumber = None
     predicted_iteration_seconds: DisplayNumber = None
+    predicted_joules_per_iteration: DisplayNumber = Field(
+        default=None,
+        description="GPU energy of one iteration at the plan's no-slowdown clocks (set when "
+        "the job asks for energy: objective Energy or energy.clocks NoSlowdown); the node "
+        "agent's sailplan_gpu_energy_per_step_joules is the measured counterpart",
+    )
+    predicted_joules_per_iteration_default: DisplayNumber = Field(
+        default=None, description="the same at default clocks"
+    )
     cluster_hash: str = ""
     estimated_profiles: tuple[str, ...] = ()
 

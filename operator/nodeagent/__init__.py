@@ -1,8 +1,9 @@
 """The Sailplan node agent: locks the SM clocks of a TrainingJob's GPUs and measures energy.
 
 A DaemonSet on GPU nodes (manifests/nodeagent) runs `python -m sailplan.operator.nodeagent`.
-For worker pods of TrainingJobs that opted in (annotation `sailplan.dev/energy-clocks:
-no-slowdown`) it locks each GPU to its stage's no-slowdown SM clock (planner/energy),
+For worker pods of TrainingJobs that opted in (`spec.energy.clocks: NoSlowdown`, or the
+deprecated annotation `sailplan.dev/energy-clocks: no-slowdown`) it locks each GPU to its
+stage's no-slowdown SM clock (the plan's, planner/energy),
 resets GPUs whose pod went, never touches other GPUs, and publishes the GPUs' measured
 energy per training step as Prometheus metrics.
 

@@ -5,8 +5,10 @@
 1. list the pods bound to this node (fieldSelector spec.nodeName) and ask the device
    source which GPUs each has;
 2. for Sailplan worker pods (labels sailplan.dev/job, role worker), read their TrainingJob's
-   opt-in annotation and their plan ConfigMap (`<job>-plan-g<generation>`), whose clocks
-   (clocks.py) are computed once per ConfigMap (a generation's ConfigMap is immutable);
+   opt-in (spec.energy.clocks, or the deprecated annotation) and their plan ConfigMap
+   (`<job>-plan-g<generation>`), whose clocks (clocks.py: the plan's own, which the
+   operator writes for opted-in jobs) are read once per ConfigMap (a generation's
+   ConfigMap is immutable);
 3. `assignment.assign` decides; resets go first, then locks, each through NVML; a failed
    call is logged in one line and counted, and retried next pass;
 4. sample the energy counter and power of every GPU it manages, read the job's step from
@@ -32,10 +34,11 @@ from typing import Any, Protocol
 
 from sailplan.operator.nodeagent.assignment import (
     OPT_IN_ANNOTATION,
-    OPT_IN_VALUE,
+    OPT_IN_CLOCKS,
     Assignment,
     WorkerGPUs,
     assign,
+    opt_in,
 )
 from sailplan.operator.nodeagent.clocks import ClockPlan, ClockPlanError, plan_clocks
 from sailplan.operator.nodeagent.devices import DeviceSource, resolve
@@ -186,9 +189,13 @@ class Agent:
 
     def _opted_in(self, namespace: str, job: str, jobs: dict[tuple[str, str], bool]) -> bool:
         if (namespace, job) not in jobs:
-            body = self.cluster.job(namespace, job) or {}
-            annotations = (body.get("metadata") or {}).get("annotations") or {}
-            jobs[(namespace, job)] = annotations.get(OPT_IN_ANNOTATION) == OPT_IN_VALUE
+            opted, deprecated = opt_in(self.cluster.job(namespace, job) or {})
+            if deprecated:
+                self._note(
+                    f"{namespace}/{job}: the {OPT_IN_ANNOTATION} annotation is deprecated; "
+                    f"set spec.energy.clocks: {OPT_IN_CLOCKS}"
+                )
+            jobs[(namespace, job)] = opted
         return jobs[(namespace, job)]
 
     def _step(self, worker: _Worker) -> int | None:

@@ -6,7 +6,8 @@ agent itself locked before) and calls `assign`, which returns the clock every ma
 should have and the NVML actions that get it there. The rules:
 
 - only a GPU allocated to a running, not deleting worker pod of a TrainingJob that opted
-  in (annotation `sailplan.dev/energy-clocks: no-slowdown`) and whose plan has a clock
+  in (`spec.energy.clocks: NoSlowdown`, or the deprecated annotation
+  `sailplan.dev/energy-clocks: no-slowdown`) and whose plan has a clock
   for the pod's (stage, replica) is locked;
 - a GPU the agent locked whose pod is gone (deleted, finished, deleting, opted out, or on
   another plan without a clock for it) is reset;
@@ -22,9 +23,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+# spec.energy.clocks of the TrainingJob (operator/api/trainingjob.py EnergySpec); the
+# annotation is its deprecated predecessor, still honoured.
+OPT_IN_CLOCKS = "NoSlowdown"
 OPT_IN_ANNOTATION = "sailplan.dev/energy-clocks"
 OPT_IN_VALUE = "no-slowdown"
+
+
+def opt_in(job: Mapping[str, Any]) -> tuple[bool, bool]:
+    """(opted in, through the deprecated annotation) of a TrainingJob body."""
+    spec = job.get("spec") or {}
+    energy = spec.get("energy") or {} if isinstance(spec, Mapping) else {}
+    if isinstance(energy, Mapping) and energy.get("clocks") == OPT_IN_CLOCKS:
+        return True, False
+    annotations = (job.get("metadata") or {}).get("annotations") or {}
+    by_annotation = annotations.get(OPT_IN_ANNOTATION) == OPT_IN_VALUE
+    return by_annotation, by_annotation
 
 
 @dataclass(frozen=True)
@@ -38,7 +54,7 @@ class WorkerGPUs:
     replica: int
     gpus: tuple[int, ...]
     running: bool  # phase Running and no deletionTimestamp
-    opted_in: bool  # its TrainingJob carries the opt-in annotation
+    opted_in: bool  # its TrainingJob opted in (opt_in)
     mhz: int | None  # the plan's clock for (stage, replica); None = no clock known
 
 

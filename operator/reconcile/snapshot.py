@@ -135,6 +135,9 @@ def snapshot_pools(
                     else 0.0,
                     spot=spot,
                     usd_per_gpu_hour=_price(pool, spot),
+                    usd_per_kwh=pool.spec.pricing.energy_usd_per_kwh
+                    if pool.spec.pricing is not None
+                    else None,
                 )
             )
     return tuple(result)

@@ -201,6 +201,7 @@ def resolve_model(job: TrainingJob, catalog: Catalog) -> ModelSpec:
 
 def plan_summary(plan: Plan, generation: int) -> PlanSummary:
     predictions = plan.predictions
+    energy = predictions.energy if predictions else None
     return PlanSummary(
         generation=generation,
         config_map="",  # filled by the caller, which knows the job name
@@ -214,6 +215,10 @@ def plan_summary(plan: Plan, generation: int) -> PlanSummary:
         predicted_samples_per_second=predictions.samples_per_second if predictions else None,
         predicted_usd_per_hour=predictions.usd_per_hour if predictions else None,
         predicted_iteration_seconds=predictions.iteration_seconds if predictions else None,
+        predicted_joules_per_iteration=energy.joules_per_iteration if energy else None,
+        predicted_joules_per_iteration_default=(
+            energy.joules_per_iteration_default if energy else None
+        ),
         cluster_hash=plan.inputs.cluster_hash,
         estimated_profiles=plan.inputs.estimated,
     )

@@ -62,7 +62,7 @@ class RestartCostModel:
         return drain + self.pod_start_seconds + transfer
 
 
-ObjectiveKind = Literal["Throughput", "Cost"]
+ObjectiveKind = Literal["Throughput", "Cost", "Energy"]
 
 
 @dataclass(frozen=True)
@@ -76,8 +76,8 @@ class Evaluation:
     new_usd_per_sample: float
     remaining_samples: float
     restart_seconds: float
-    gain_fraction: float  # samples/s gain (Throughput) or USD/sample saving (Cost)
-    benefit: float  # seconds saved (Throughput) or USD saved (Cost) over remaining_samples
+    gain_fraction: float  # samples/s gain (Throughput), USD/sample (Cost), J/sample (Energy) saving
+    benefit: float  # seconds (Throughput), USD (Cost), joules (Energy) saved over remaining_samples
     restart_penalty: float  # the restart in the same unit as benefit
     min_gain: float
 
@@ -86,7 +86,7 @@ class Evaluation:
         return self.gain_fraction >= self.min_gain and self.benefit > self.restart_penalty
 
     def explain(self) -> str:
-        unit = "s" if self.objective == "Throughput" else "USD"
+        unit = {"Throughput": "s", "Cost": "USD", "Energy": "J"}[self.objective]
         return (
             f"predicted gain {self.gain_fraction:+.1%} (minimum {self.min_gain:.0%}), "
             f"saves {self.benefit:.4g} {unit} over {self.remaining_samples:.0f} samples "
@@ -113,6 +113,15 @@ def evaluate(
         gain = candidate.samples_per_second / current.samples_per_second - 1.0
         benefit = work / current.samples_per_second - work / candidate.samples_per_second
         penalty = restart_seconds
+    elif objective == "Energy":
+        # GPU joules per sample at each plan's no-slowdown clocks (both carry energy)
+        now_j = _joules(current) / global_batch_size
+        new_j = _joules(candidate) / global_batch_size
+        gain = 1.0 - new_j / now_j if now_j > 0 else 0.0
+        benefit = work * (now_j - new_j)
+        # During the restart the new plan's GPUs draw at least their blocking power; its
+        # average draw (energy over iteration time) prices that wait.
+        penalty = restart_seconds * _joules(candidate) / candidate.iteration_seconds
     else:
         gain = 1.0 - new_usd / current_usd if current_usd > 0 else 0.0
         benefit = work * (current_usd - new_usd)
@@ -131,6 +140,13 @@ def evaluate(
         restart_penalty=penalty,
         min_gain=min_gain,
     )
+
+
+def _joules(predictions: Predictions) -> float:
+    energy = predictions.energy
+    if energy is None:
+        raise ValueError("the Energy objective compares plans with energy predictions")
+    return energy.joules_per_iteration
 
 
 def node_wait_seconds(plan: Plan, cluster: ClusterSnapshot) -> float:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Final, Literal
 
 from sailplan.operator.api.trainingjob import TrainingJob
 from sailplan.operator.reconcile.nodes import NodeInfo
@@ -40,6 +41,7 @@ from sailplan.operator.search import Interim, Planner, SearchFailed, Searching
 from sailplan.planner.api import Infeasible, Objective, PlanRequest
 from sailplan.planner.catalog import Catalog
 from sailplan.planner.cluster import ClusterSnapshot
+from sailplan.planner.energy import EnergyError, simulate_energy
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.plan import Plan, Predictions
 from sailplan.planner.profiles.estimate import complete_profiles
@@ -163,6 +165,19 @@ class Wait:
 Decision = Keep | Switch | Wait | Searching
 
 
+OBJECTIVE_KINDS: Final[dict[str, Literal["throughput", "cost", "energy"]]] = {
+    "Throughput": "throughput",
+    "Cost": "cost",
+    "Energy": "energy",
+}
+
+
+def wants_energy(job: TrainingJob) -> bool:
+    """Whether the job's plans carry energy predictions and no-slowdown clocks: for the
+    Energy objective, and for the node agent when the job opts into clocks."""
+    return job.spec.objective.kind == "Energy" or job.spec.energy.clocks == "NoSlowdown"
+
+
 def plan_request(job: TrainingJob, model: ModelSpec, cluster: ClusterSnapshot) -> PlanRequest:
     """The PlanRequest the job's spec asks for, on `cluster` (as the first plan was made)."""
     spec = job.spec
@@ -174,12 +189,13 @@ def plan_request(job: TrainingJob, model: ModelSpec, cluster: ClusterSnapshot) -
         zero_stage=spec.training.zero_stage,
         cluster=cluster,
         objective=Objective(
-            kind="cost" if spec.objective.kind == "Cost" else "throughput",
+            kind=OBJECTIVE_KINDS[spec.objective.kind],
             min_samples_per_second=spec.objective.min_samples_per_second,
             max_usd_per_hour=spec.objective.max_usd_per_hour,
             max_usd_per_iteration=spec.objective.max_usd_per_iteration,
         ),
         max_pipeline_depth=spec.objective.max_pipeline_depth,
+        energy_predictions=wants_energy(job),
         deadline_seconds=(
             float(spec.planning.deadline_seconds)
             if spec.planning.deadline_seconds is not None
@@ -199,10 +215,17 @@ def same_layout(a: Plan, b: Plan) -> bool:
 
 
 def reprice(
-    plan: Plan, model: ModelSpec, cluster: ClusterSnapshot, measured: ProfileSet, catalog: Catalog
+    plan: Plan,
+    model: ModelSpec,
+    cluster: ClusterSnapshot,
+    measured: ProfileSet,
+    catalog: Catalog,
+    *,
+    energy: bool = False,
 ) -> Predictions:
     """Predictions of `plan` on `cluster`, with measured profiles and estimates elsewhere
-    (the same completion planner.api.make_plan applies to the candidate)."""
+    (the same completion planner.api.make_plan applies to the candidate); with its energy
+    (planner.energy) when asked."""
     tps = sorted({s.tensor_parallel for s in plan.stages})
     gpus = sorted({w.gpu_type for w in plan.workers()})
     profiles = complete_profiles(
@@ -220,7 +243,7 @@ def reprice(
     context = PlanningContext(
         model=model, cluster=cluster, profiles=profiles, catalog=catalog, optimizer=plan.optimizer
     )
-    return simulate(plan, context)
+    return simulate_energy(plan, context) if energy else simulate(plan, context)
 
 
 def constraint_violations(job: TrainingJob, predicted: Predictions) -> list[str]:
@@ -300,9 +323,14 @@ def decide(
         return Keep("the current plan is still the best plan")
     try:
         now_predicted = reprice(
-            current, inputs.model, inputs.cluster, inputs.measured, context.catalog
+            current,
+            inputs.model,
+            inputs.cluster,
+            inputs.measured,
+            context.catalog,
+            energy=job.spec.objective.kind == "Energy",
         )
-    except (MissingProfileError, KeyError, ValueError) as error:
+    except (MissingProfileError, EnergyError, KeyError, ValueError) as error:
         return Keep(f"the current plan cannot be re-priced on the new cluster: {error}")
     violations = constraint_violations(job, now_predicted)
     if violations:

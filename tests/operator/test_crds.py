@@ -53,7 +53,12 @@ def test_trainingjob_validation_keywords() -> None:
     spec = _node(schema, ".spec")
     assert set(spec["required"]) == {"model", "training", "trainer", "checkpoint"}
     assert _node(schema, ".spec.training.globalBatchSize")["minimum"] == 1
-    assert _node(schema, ".spec.objective.kind")["enum"] == ["Throughput", "Cost"]
+    assert _node(schema, ".spec.objective.kind")["enum"] == ["Throughput", "Cost", "Energy"]
+    assert [r["rule"] for r in _node(schema, ".spec.objective")["x-kubernetes-validations"]] == [
+        "self.kind != 'Energy' || has(self.minSamplesPerSecond)"
+    ]
+    assert _node(schema, ".spec.energy.clocks")["enum"] == ["Default", "NoSlowdown"]
+    assert _node(schema, ".spec.energy")["default"] == {}
     assert _node(schema, ".spec.profiling.mode")["enum"] == ["Auto", "Skip", "Required"]
     learning_rate = _node(schema, ".spec.training.learningRate")
     assert (learning_rate["minimum"], learning_rate["exclusiveMinimum"]) == (0, True)
@@ -123,6 +128,8 @@ def test_gpupool_crd_shape() -> None:
     assert conditions["x-kubernetes-list-map-keys"] == ["type"]
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert columns["GPU"] == ".status.gpuType"
+    energy_price = _node(schema, ".spec.pricing.energyUsdPerKwh")
+    assert (energy_price["minimum"], energy_price["nullable"]) == (0, True)
     assert columns["In-Use"] == ".status.gpusInUse"
 
 

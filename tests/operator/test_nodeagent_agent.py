@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from operator_builders import JOB_SPEC
 
 from sailplan.operator.api.gpupool import GPUPool
 from sailplan.operator.api.trainingjob import TrainingJob
@@ -31,6 +32,9 @@ from sailplan.operator.nodeagent.nvml import (
     fake_gpus,
 )
 from sailplan.operator.reconcile.children import desired_children
+from sailplan.operator.reconcile.snapshot import build_snapshot
+from sailplan.operator.replan.decision import plan_request
+from sailplan.planner.api import Planned, make_plan
 from sailplan.planner.catalog import Catalog
 from sailplan.planner.energy import plan_energy
 from sailplan.planner.energy.power import SM_CLOCK_POWER_EXPONENT, SM_CLOCK_POWER_SHARE
@@ -332,3 +336,47 @@ def test_a_plans_clocks_are_computed_once_and_a_note_is_logged_once(
     assert nvml.calls == [("lock", 0, 1200), ("lock", 1, 1200)]
     clamped = [r.message for r in caplog.records if "does not support 1203 MHz" in r.message]
     assert len(clamped) == 2  # one line per GPU, not one per pass
+
+
+def test_spec_energy_clocks_reach_the_agent_through_the_plan_the_operator_writes(
+    make_job: Callable[..., TrainingJob], pools: tuple[GPUPool, ...], catalog: Catalog
+) -> None:
+    # spec.energy.clocks: NoSlowdown, no annotation: the operator's request asks for energy
+    # predictions, so the plan it stores carries the no-slowdown clocks, and the agent locks
+    # exactly those (source "plan": nothing recomputed on the node).
+    job = make_job(JOB_SPEC | {"energy": {"clocks": "NoSlowdown"}})
+    a100 = pools[:1]
+    result = make_plan(plan_request(job, catalog.model("OPT-350M"), build_snapshot(a100)))
+    assert isinstance(result, Planned)
+    plan = result.best
+    assert plan.predictions is not None and plan.predictions.energy is not None
+    children = desired_children(job, plan, 1, 0, {p.name: p for p in a100})
+    fake = FakeCluster()
+    fake.jobs[(NAMESPACE, "opt")] = {
+        "metadata": {"name": "opt", "namespace": NAMESPACE},
+        "spec": job.spec.to_kube(),
+    }
+    configmap = dict(children.configmap)
+    configmap["metadata"] = {**configmap["metadata"], "uid": "cm-uid-1"}
+    fake.configmaps[(NAMESPACE, configmap["metadata"]["name"])] = configmap
+    pod = json.loads(json.dumps(children.pods[0]))
+    pod["metadata"]["uid"] = "pod-uid-0"
+    pod["spec"]["nodeName"] = NODE
+    pod["status"] = {"phase": "Running"}
+    fake.all_pods.append(pod)
+    worker = plan.workers()[0]
+    gpus = [f"nvidia{i}" for i in range(worker.tensor_parallel)]
+    nvml = FakeNVML(gpus=fake_gpus("A100-40", 4, node=NODE), now=Clock())
+    agent = Agent(
+        nvml=nvml, cluster=fake, devices=StaticDevices({"pod-uid-0": gpus}), metrics=AgentMetrics()
+    )
+    agent.sync()
+    wanted = plan.predictions.energy.stage_clocks[worker.stage].steady_mhz[worker.replica]
+    assert nvml.calls == [("lock", i, wanted) for i in range(worker.tensor_parallel)]
+    assert plan_clocks(plan, catalog).source == "plan"
+    # Default clocks: the agent gives the GPUs back
+    fake.jobs[(NAMESPACE, "opt")]["spec"]["energy"] = {"clocks": "Default"}
+    agent.sync()
+    assert nvml.calls[worker.tensor_parallel :] == [
+        ("reset", i) for i in range(worker.tensor_parallel)
+    ]

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from sailplan.operator.nodeagent.assignment import WorkerGPUs, assign, nearest_supported
+from sailplan.operator.nodeagent.assignment import (
+    OPT_IN_ANNOTATION,
+    WorkerGPUs,
+    assign,
+    nearest_supported,
+    opt_in,
+)
 from sailplan.operator.nodeagent.energy import EnergyMeter
 
 LEVELS = (1410, 1395, 1380, 1365, 1350, 1200)
@@ -127,3 +133,20 @@ def test_a_counter_or_step_going_backwards_restarts_the_window() -> None:
     assert meter.observe("g", 100, 95) is None
     meter.forget([])
     assert meter.total_joules("g", 100) == 0.0
+
+
+def test_the_spec_field_opts_in_and_the_annotation_is_a_deprecated_alias() -> None:
+    def job(clocks: str | None, annotation: str | None) -> dict[str, object]:
+        return {
+            "metadata": {"annotations": {OPT_IN_ANNOTATION: annotation} if annotation else {}},
+            "spec": {"energy": {"clocks": clocks}} if clocks else {},
+        }
+
+    assert opt_in(job("NoSlowdown", None)) == (True, False)
+    assert opt_in(job("Default", None)) == (False, False)
+    assert opt_in(job(None, None)) == (False, False)
+    # the API server fills in clocks: Default, so the annotation must still count then
+    assert opt_in(job("Default", "no-slowdown")) == (True, True)
+    assert opt_in(job(None, "no-slowdown")) == (True, True)
+    assert opt_in(job(None, "yes")) == (False, False)
+    assert opt_in({}) == (False, False)

@@ -29,7 +29,7 @@ from sailplan.operator.replan.decision import (
 from sailplan.planner.api import Planned, make_plan
 from sailplan.planner.catalog import Catalog, default_catalog
 from sailplan.planner.cluster import ClusterSnapshot
-from sailplan.planner.plan import Plan, Predictions, StagePrediction
+from sailplan.planner.plan import EnergyPrediction, Plan, Predictions, StagePrediction
 
 ZONE = "us-central1-a"
 SPEC = JOB_SPEC | {"training": {"globalBatchSize": 32, "steps": 100_000}}
@@ -250,3 +250,52 @@ def test_slow_checkpoint_storage_keeps_unless_the_horizon_is_longer(
     assert switched.evaluation is not None
     assert switched.evaluation.benefit == pytest.approx(day_seconds * share)
     assert switched.evaluation.benefit > restart
+
+
+def test_the_energy_objective_and_the_clock_opt_in_reach_the_planner(catalog: Catalog) -> None:
+    plain = plan_request(job(), catalog.model("OPT-350M"), cluster(1))
+    assert (plain.objective.kind, plain.energy_predictions) == ("throughput", False)
+    energy_spec = SPEC | {"objective": {"kind": "Energy", "minSamplesPerSecond": 5.0}}
+    energy = plan_request(job(energy_spec), catalog.model("OPT-350M"), cluster(1))
+    assert energy.objective.kind == "energy"
+    assert energy.objective.min_samples_per_second == 5.0
+    assert energy.energy_predictions
+    clocks = plan_request(
+        job(SPEC | {"energy": {"clocks": "NoSlowdown"}}), catalog.model("OPT-350M"), cluster(1)
+    )
+    assert (clocks.objective.kind, clocks.energy_predictions) == ("throughput", True)
+    # the plan it gets carries the no-slowdown clocks the node agent locks
+    result = make_plan(clocks)
+    assert isinstance(result, Planned)
+    assert result.best.predictions is not None and result.best.predictions.energy is not None
+    assert len(result.best.predictions.energy.stage_clocks) == result.best.pipeline_depth
+
+
+def test_an_energy_objective_without_a_floor_is_invalid() -> None:
+    with pytest.raises(ValueError, match="minSamplesPerSecond"):
+        job(SPEC | {"objective": {"kind": "Energy"}})
+
+
+def test_energy_saving_against_restart_cost_by_hand() -> None:
+    # 40 kJ vs 30 kJ per 32-sample iteration: 1250 vs 937.5 J per sample, a 25% saving; 1000
+    # samples left save 312.5 kJ. The candidate draws 30 kJ per 32/12 s = 11.25 kW, so a
+    # 30 s restart costs 337.5 kJ (> saving: keep) and a 20 s one 225 kJ (< saving: switch).
+    def with_energy(samples_per_second: float, joules: float) -> Predictions:
+        base = _predictions(samples_per_second, 0.1)
+        energy = EnergyPrediction(
+            joules_per_iteration_default=joules * 1.1,
+            joules_per_iteration=joules,
+            iteration_seconds=base.iteration_seconds,
+        )
+        return base.model_copy(update={"energy": energy})
+
+    current, candidate = with_energy(10, 40e3), with_energy(12, 30e3)
+    common = {"global_batch_size": 32, "remaining_samples": 1000, "horizon_seconds": 1e9}
+    long = evaluate("Energy", current, candidate, restart_seconds=30, min_gain=0.1, **common)
+    assert long.gain_fraction == pytest.approx(0.25)
+    assert long.benefit == pytest.approx(312.5e3)
+    assert long.restart_penalty == pytest.approx(337.5e3)
+    assert not long.worth_it
+    short = evaluate("Energy", current, candidate, restart_seconds=20, min_gain=0.1, **common)
+    assert short.worth_it
+    assert "J over" in short.explain()

@@ -60,3 +60,17 @@ def test_selection_by_name_label_or_all(pools: tuple[GPUPool, ...]) -> None:
 def test_unknown_pool_names_list_the_existing_ones(pools: tuple[GPUPool, ...]) -> None:
     with pytest.raises(PoolSelectionError, match=r"h100.*existing: a100, v100"):
         select_pools(PoolSelection(names=("h100",)), pools)
+
+
+def test_an_energy_price_reaches_every_zone_of_its_pool_and_none_is_unpriced() -> None:
+    priced = pool(
+        "p", "p", {"us-central1-a": 1, "us-central1-b": 1}, pricing={"energyUsdPerKwh": 0.2}
+    )
+    plain = pool("q", "q", {"us-central1-a": 1})
+    kwh = {p.name: p.usd_per_kwh for p in build_snapshot([priced, plain]).pools}
+    assert kwh == {"p/us-central1-a": 0.2, "p/us-central1-b": 0.2, "q/us-central1-a": None}
+
+
+def test_a_negative_energy_price_is_refused_by_the_model() -> None:
+    with pytest.raises(ValueError, match=r"energyUsdPerKwh|energy_usd_per_kwh"):
+        pool("p", "p", {"us-central1-a": 1}, pricing={"energyUsdPerKwh": -0.1})
