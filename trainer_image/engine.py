@@ -70,8 +70,10 @@ def build_groups(plan: Plan, layout: RankLayout) -> Groups:
             group = dist.new_group(list(ranks))
             if layout.rank in ranks:
                 tp_handle = group
+    # an offloaded stage runs DeepSpeed's ZeRO optimizer even alone, which needs a group
+    offload = any(s.optimizer_offload for s in plan.stages)
     for ranks in dp_groups(plan):
-        if len(ranks) > 1:
+        if len(ranks) > 1 or offload:
             group = dist.new_group(list(ranks))
             if layout.rank in ranks:
                 dp_handle = group
@@ -131,6 +133,7 @@ class Trainer:
         dist.all_reduce(torch.zeros(1, device=device))
         stage = plan.stages[self.layout.stage]
         self.model = StageModel(plan.model, stage.layer_start, stage.layer_end, self.groups.tp)
+        self.model.recompute = stage.recompute == "full"
         self.model.initialise(config.seed)
         self.model.to(device)
         self.params = list(self.model.parameters())
@@ -142,6 +145,7 @@ class Trainer:
             dp_group=self.groups.dp,
             dp_size=self.groups.dp_size,
             tp_group=self.groups.tp_handle,
+            offload=stage.optimizer_offload,
             num_micro_batches=plan.micro_batches_of(self.layout.replica),
         )
         # Only the stages whose layers read the micro-batch (the pipeline ends, T5's first

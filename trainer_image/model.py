@@ -25,9 +25,11 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.trainer.tp import (
@@ -389,6 +391,9 @@ class StageModel(nn.Module):
             layers.append(layer)
         self.layers = nn.ModuleList(layers)
         self.reads_data = bool(data_layers(spec) & set(self.layer_indices))
+        # Stage.recompute == "full": each layer keeps only its input for the backward and
+        # runs its forward again there (the simulator prices this: CostModel.stage_seconds)
+        self.recompute = False
 
     @property
     def has_head(self) -> bool:
@@ -439,19 +444,27 @@ class StageModel(nn.Module):
         current: State = state or ()
         for index, layer in zip(self.layer_indices, self.layers, strict=True):
             if isinstance(layer, StageLayer):
-                out = layer(current, data)
+                out = self._run(layer, current, data)
             elif isinstance(layer, Head):
                 if "targets" not in data:
                     raise ValueError("the head needs targets")
-                out = layer(current[0], data["targets"])
+                out = self._run(layer, current[0], data["targets"])
             elif index == 0:
-                out = (layer(data["inputs"]),)
+                out = (self._run(layer, data["inputs"]),)
             else:
-                out = (layer(current[0]),)
+                out = (self._run(layer, current[0]),)
             if isinstance(out, torch.Tensor):
                 return out  # the loss
             current = out
         return current
+
+    def _run(self, layer: nn.Module, *args: object) -> Any:
+        """One layer's forward; under recomputation through torch.utils.checkpoint
+        (non-reentrant: autocast and the TP collectives run again in the backward the same
+        way on every rank, and gradients reach inputs that are not the first argument)."""
+        if self.recompute and torch.is_grad_enabled():
+            return checkpoint(layer, *args, use_reentrant=False)
+        return layer(*args)
 
     def named_layers(self) -> list[tuple[int, nn.Module]]:
         return list(zip(self.layer_indices, self.layers, strict=True))

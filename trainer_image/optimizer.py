@@ -143,10 +143,14 @@ def make_optimizer(
     dp_size: int,
     tp_group: Any,
     num_micro_batches: int,
+    offload: bool = False,
 ) -> StageOptimizer:
     """ZeRO (DeepSpeed) for zero_stage 1 or 2 when the stage has replicas to share the
-    state with; the replicated optimizer otherwise (one replica has nothing to partition)."""
-    if zero_stage == 0 or dp_size == 1:
+    state with; the replicated optimizer otherwise (one replica has nothing to partition).
+    `offload` (Stage.optimizer_offload): DeepSpeed's ZeRO with the optimizer state in host
+    memory and CPU Adam, whatever the replicas (ZeRO-1 when zero_stage is 0: offload is
+    part of DeepSpeed's ZeRO optimizer); dp_group is then a group even of one rank."""
+    if not offload and (zero_stage == 0 or dp_size == 1):
         return ReplicatedOptimizer(params, kind=kind, lr=lr, dp_group=dp_group, dp_size=dp_size)
     from sailplan.trainer.zero import ZeroOptimizer
 
@@ -154,8 +158,9 @@ def make_optimizer(
         params,
         kind=kind,
         lr=lr,
-        stage=zero_stage,
+        stage=max(zero_stage, 1),
         dp_group=dp_group,
         tp_group=tp_group,
         num_micro_batches=num_micro_batches,
+        offload=offload,
     )

@@ -22,6 +22,14 @@ pipeline, while a heterogeneous plan has a DP group per stage and per TP rank. S
   through DeepSpeed's full-state accessors (`safe_get_full_optimizer_state`, which gathers
   over the DP group, and `safe_set_full_optimizer_state`, which keeps this rank's share).
 
+With `offload` (Stage.optimizer_offload) DeepSpeed keeps the fp32 partition, its gradient
+and the Adam moments in host memory (`offload_optimizer` with device cpu, pinned on a GPU
+machine) and the update is DeepSpeed's CPU Adam (`DeepSpeedCPUAdam`, plain Adam with the
+trainer's betas and eps), a C++ op that DeepSpeed builds on first use with the machine's
+compiler (ninja, g++; cached under ~/.cache/torch_extensions) unless the image prebuilt it
+(trainer_image/Dockerfile, DS_BUILD_CPU_ADAM=1). DeepSpeed computes the gradient norm on
+that path (it refuses offload without it); clipping stays off.
+
 DeepSpeed's communication layer is initialised on top of the torch world group this
 process already joined, and its accelerator set to the parameters' device (on the CPU,
 DeepSpeed JIT-builds its shared-memory communication op once per machine, cached under
@@ -36,7 +44,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sailplan.trainer.optimizer import MOMENT_KEYS, StageOptimizer, torch_optimizer
+from sailplan.trainer.optimizer import (
+    ADAM_BETAS,
+    ADAM_EPS,
+    MOMENT_KEYS,
+    StageOptimizer,
+    torch_optimizer,
+)
 
 # Elements per reduce and all-gather bucket (fp32: 64 MiB). DeepSpeed's defaults (5e8 and
 # 5e9 elements) allocate gigabytes of staging buffers per rank.
@@ -100,6 +114,26 @@ def _import_deepspeed(device: torch.device) -> tuple[Any, Any, Any]:
     return deepspeed.comm, DeepSpeedZeroOptimizer, NoopTimer
 
 
+def _cpu_adam(params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    """DeepSpeed's CPU Adam with the update rule of torch_optimizer("adam")."""
+    try:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+    except ImportError as error:  # pragma: no cover - DeepSpeed is imported above
+        raise SystemExit(f"optimizer offload needs DeepSpeed's CPU Adam ({error})") from error
+    optimizer: torch.optim.Optimizer = DeepSpeedCPUAdam(
+        params, lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=0.0, adamw_mode=False
+    )
+    return optimizer
+
+
+def _offload_config(device: torch.device) -> Any:
+    from deepspeed.runtime.zero.offload_config import DeepSpeedZeroOffloadOptimizerConfig
+
+    # page-locked host memory for the asynchronous copies; a CPU-only process has no
+    # device to pin for
+    return DeepSpeedZeroOffloadOptimizerConfig(device="cpu", pin_memory=device.type == "cuda")
+
+
 class ZeroOptimizer(StageOptimizer):
     """DeepSpeed ZeRO-1/2 for one rank's parameters over its stage's DP group."""
 
@@ -113,6 +147,7 @@ class ZeroOptimizer(StageOptimizer):
         dp_group: Any,
         tp_group: Any,
         num_micro_batches: int,
+        offload: bool = False,
     ) -> None:
         ds_comm, zero_optimizer, noop_timer = _import_deepspeed(params[0].device)
         ds_comm.init_distributed(
@@ -121,9 +156,10 @@ class ZeroOptimizer(StageOptimizer):
         self.kind, self.stage = kind, stage
         self.num_micro_batches = num_micro_batches
         self.params = params
+        self.offload = offload
         mpu = StageMPU(dp_group, tp_group)
         self.inner = zero_optimizer(
-            torch_optimizer(kind, params, lr),
+            _cpu_adam(params, lr) if offload else torch_optimizer(kind, params, lr),
             {param: f"param.{index}" for index, param in enumerate(params)},
             timers=noop_timer(),
             optimizer_params={},
@@ -131,7 +167,8 @@ class ZeroOptimizer(StageOptimizer):
             mpu=mpu,
             partition_grads=stage == 2,
             clip_grad=0.0,
-            compute_grad_norm=False,
+            compute_grad_norm=offload,
+            offload_optimizer_config=_offload_config(params[0].device) if offload else None,
             check_grad_overflow=False,  # fp32: nothing overflows, no loss scale to adjust
             communication_data_type=params[0].dtype,
             reduce_bucket_size=BUCKET_ELEMENTS,
@@ -209,7 +246,8 @@ class ZeroOptimizer(StageOptimizer):
             # parameter to its slice of it.
             for flat in self.inner.single_partition_of_fp32_groups:
                 self.inner.optimizer.state[flat] = {
-                    "step": torch.tensor(float(step)),
+                    # CPU Adam's C++ update takes the step as a Python int
+                    "step": step if self.offload else torch.tensor(float(step)),
                     **{key: torch.zeros_like(flat) for key in MOMENT_KEYS},
                 }
             self.inner._lazy_init_hp_params_optimizer_state()

@@ -1,0 +1,301 @@
+"""The simulator's memory for a recomputed stage and an offloaded stage against the trainer's.
+
+Offload: two gloo processes build the trainer's stage with `make_optimizer(offload=True)`
+(DeepSpeed ZeRO with offload_optimizer on the CPU, CPU Adam) at ZeRO-1 and ZeRO-2 and train
+two steps of two micro-batches. Each rank then reports the bytes of the tensors DeepSpeed
+holds, by attribute: the flat weights (the GPU's), and what offload puts in host memory
+(DeepSpeed allocates it on `device = "cpu"` whatever the accelerator): the fp32 master
+partition, its gradient, the Adam moments, the copy-back buffer and the host staging
+buffer; and at ZeRO-1 the gradients a GPU holds before the step (the parameters' .grad and
+the device staging buffer). Those must equal simulator/memory.py's terms up to DeepSpeed's
+alignment padding (2 x DP elements per flat buffer), and the terms it moves to the host
+must be zero on the GPU.
+
+Recomputation: the stage [1, 4) of a 4-layer model (two blocks and the head, receiving its
+input) runs one forward with and without `StageModel.recompute`, and every storage the
+forward's operations created that is still alive afterwards (the autograd graph's saved
+tensors, checkpoint's inputs, the output; parameters excluded) is summed through storage
+weak references: the activations a micro-batch keeps for its backward, measured. With
+recomputation they must be within 10% of the simulator's (CostModel.stage_memory_bytes's
+kept term, fp32 as the trainer computes), and far below the measured bytes without. Its
+model states (one replica, torch Adam) must equal the simulator's terms exactly.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from sailplan.planner.catalog import default_catalog
+from sailplan.planner.cluster import ClusterSnapshot, Pool
+from sailplan.planner.modelspec import ModelSpec
+from sailplan.planner.profiles.types import ComputeProfile, ProfileSet, Provenance
+from sailplan.planner.simulator import PlanningContext, SimulatorConstants
+from sailplan.planner.simulator.memory import TrainingSetup, model_state_bytes
+
+pytestmark = pytest.mark.trainer
+
+SPEC = ModelSpec(
+    name="memory-probe",
+    family="opt",
+    hidden_size=128,
+    num_blocks=2,
+    num_heads=4,
+    vocab_size=1024,
+    sequence_length=16,
+)
+REPLICAS = 2
+MICRO_BATCHES = 2
+MICRO_BATCH_SIZE = 2
+BUCKET_ELEMENTS = 2**16
+FP32 = 4
+# DeepSpeed pads each flat buffer to a multiple of nccl_start_alignment_factor (2) x DP
+PADDING = FP32 * 2 * REPLICAS
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cpu_adam_built() -> None:
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    DeepSpeedCPUAdam([torch.nn.Parameter(torch.zeros(4))])
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _nbytes(tensors: Any) -> int:
+    seen: dict[int, int] = {}
+    for t in tree_flatten(tensors)[0]:
+        if isinstance(t, torch.Tensor):
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def _offload_replica(rank: int, port: int, zero_stage: int, out: Path) -> None:
+    from sailplan.trainer import zero
+    from sailplan.trainer.model import StageModel
+    from sailplan.trainer.optimizer import make_optimizer
+    from sailplan.trainer.tp import TPGroup
+
+    zero.BUCKET_ELEMENTS = BUCKET_ELEMENTS
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=REPLICAS
+    )
+    try:
+        model = StageModel(SPEC, 0, SPEC.num_layers, TPGroup(rank=0, size=1, group=None))
+        model.initialise(seed=1)
+        params = list(model.parameters())
+        optimizer = make_optimizer(
+            params,
+            kind="adam",
+            lr=1e-3,
+            zero_stage=zero_stage,
+            dp_group=dist.new_group(list(range(REPLICAS))),
+            dp_size=REPLICAS,
+            tp_group=None,
+            num_micro_batches=MICRO_BATCHES,
+            offload=True,
+        )
+        inner = getattr(optimizer, "inner")  # noqa: B009 (DeepSpeedZeroOptimizer)
+        grads_before_step = 0
+        for step in range(2):
+            for micro in range(MICRO_BATCHES):
+                generator = torch.Generator().manual_seed(100 * step + 10 * micro + rank)
+                tokens = torch.randint(
+                    0,
+                    SPEC.vocab_size,
+                    (MICRO_BATCH_SIZE, SPEC.sequence_length),
+                    generator=generator,
+                )
+                model(None, {"inputs": tokens, "targets": tokens}).backward()  # type: ignore[union-attr]
+                optimizer.after_backward(micro)
+            grads_before_step = _nbytes([p.grad for p in params if p.grad is not None])
+            optimizer.step()
+        fp32 = inner.single_partition_of_fp32_groups
+        report = {
+            "optimizer_on": str(inner.device),
+            "cpu_adam": type(inner.optimizer).__name__,
+            "parameters": sum(p.numel() for p in params),
+            "largest_tensor": max(p.numel() for p in params),
+            "weights": _nbytes(inner.bit16_groups_flat),
+            "master_weights": _nbytes([t.detach() for t in fp32]),
+            "master_gradient": _nbytes([t.grad for t in fp32]),
+            "optimizer_states": _nbytes(list(inner.optimizer.state.values())),
+            "copy_back": _nbytes(inner.param_buffer_of_bit16_for_cpu_offload_groups),
+            "host_staging": _nbytes(inner.temp_grad_buffer_for_cpu_offload),
+            "device_staging": _nbytes(inner.temp_grad_buffer_for_gpu_offload),
+            "grads_before_step": grads_before_step,
+        }
+        (out / f"rank-{rank}.json").write_text(json.dumps(report))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("zero_stage", [1, 2])
+def test_offloaded_stage_terms_match_what_deepspeed_holds(zero_stage: int, tmp_path: Path) -> None:
+    mp.start_processes(
+        _offload_replica,
+        args=(_free_port(), zero_stage, tmp_path),
+        nprocs=REPLICAS,
+        start_method="spawn",
+    )
+    reports = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(REPLICAS)]
+    first = reports[0]
+    setup = TrainingSetup.trainer(
+        zero_stage=1 if zero_stage == 1 else 2, bucket_elements=BUCKET_ELEMENTS
+    )
+    predicted = model_state_bytes(
+        first["parameters"],
+        REPLICAS,
+        setup,
+        "adam",
+        largest_tensor=first["largest_tensor"],
+        offload=True,
+    )
+    p, d, largest = first["parameters"], REPLICAS, FP32 * first["largest_tensor"]
+    # nothing of the optimizer on the GPU
+    assert predicted.master_weights == predicted.optimizer_states == 0
+    for report in reports:
+        # DeepSpeed put the optimizer on the host and updates with its CPU Adam
+        assert (report["optimizer_on"], report["cpu_adam"]) == ("cpu", "DeepSpeedCPUAdam")
+        assert abs(report["weights"] - predicted.weights) <= PADDING
+        host = (
+            report["master_weights"]
+            + report["master_gradient"]
+            + report["optimizer_states"]
+            + report["copy_back"]
+            + report["host_staging"]
+        )
+        # the host terms one by one: 4P/D master, 4P/D its gradient, 8P/D moments, 4P/D
+        # copy-back (fp32 parameters), the largest tensor staged; then their sum
+        assert abs(report["master_weights"] - FP32 * p / d) <= PADDING
+        assert abs(report["master_gradient"] - FP32 * p / d) <= PADDING
+        assert abs(report["optimizer_states"] - 2 * FP32 * p / d) <= 2 * PADDING
+        assert abs(report["copy_back"] - FP32 * p / d) <= PADDING
+        assert report["host_staging"] == largest
+        assert abs(host - predicted.host) <= 5 * PADDING
+        assert report["device_staging"] == largest
+        if zero_stage == 1:
+            # the GPU's gradients before the step: every parameter's, plus the staging buffer
+            assert report["grads_before_step"] + report["device_staging"] == predicted.gradients
+
+
+class _Created(TorchDispatchMode):
+    """Weak references to every storage an operation creates while the mode is on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.storages: dict[int, tuple[StorageWeakRef, int]] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes():
+                storage = t.untyped_storage()
+                self.storages[storage.data_ptr()] = (StorageWeakRef(storage), storage.nbytes())
+        return out
+
+
+def _kept_bytes(recompute: bool) -> tuple[int, dict[str, int]]:
+    """Activation bytes one micro-batch of stage [1, 4) keeps after its forward, with its
+    received input; and the stage's model-state bytes after a step (one replica)."""
+    from sailplan.trainer.model import StageModel
+    from sailplan.trainer.optimizer import make_optimizer
+    from sailplan.trainer.tp import TPGroup
+
+    model = StageModel(SPEC, 1, SPEC.num_layers, TPGroup(rank=0, size=1, group=None))
+    model.initialise(seed=1)
+    model.recompute = recompute
+    params = list(model.parameters())
+    optimizer = make_optimizer(
+        params,
+        kind="adam",
+        lr=1e-3,
+        zero_stage=1,
+        dp_group=None,
+        dp_size=1,
+        tp_group=None,
+        num_micro_batches=1,
+    )
+    owned = {p.untyped_storage().data_ptr() for p in params}
+    received = torch.randn(
+        MICRO_BATCH_SIZE, SPEC.sequence_length, SPEC.hidden_size, requires_grad=True
+    )
+    targets = torch.randint(0, SPEC.vocab_size, (MICRO_BATCH_SIZE, SPEC.sequence_length))
+    created = _Created()
+    with created:
+        loss = model((received,), {"targets": targets})
+    gc.collect()
+    kept = sum(
+        nbytes
+        for ptr, (ref, nbytes) in created.storages.items()
+        if not ref.expired() and ptr not in owned
+    )
+    assert isinstance(loss, torch.Tensor)
+    loss.backward()  # type: ignore[no-untyped-call]
+    states = {
+        "weights": _nbytes(params),
+        "gradients": _nbytes([p.grad for p in params]),
+    }
+    optimizer.step()
+    states["optimizer_states"] = optimizer.state_bytes()
+    return kept + received.numel() * FP32, states
+
+
+def _context() -> PlanningContext:
+    n = SPEC.num_layers
+    profile = ComputeProfile(
+        model=SPEC.name,
+        gpu_type="A100-40",
+        tensor_parallel=1,
+        micro_batch_size=MICRO_BATCH_SIZE,
+        forward_s=(1e-3,) * n,
+        backward_s=(2e-3,) * n,
+        update_s=(1e-4,) * n,
+        provenance=Provenance(source="measured", tool="test"),
+    )
+    return PlanningContext(
+        model=SPEC,
+        cluster=ClusterSnapshot(
+            pools=(Pool(name="a", gpu_type="A100-40", zone="us-central1-a", nodes=1),)
+        ),
+        profiles=ProfileSet(compute=(profile,)),
+        catalog=default_catalog(),
+        constants=SimulatorConstants(framework_overhead_bytes=0.0, activation_allocator_factor=1.0),
+        training=TrainingSetup.trainer(zero_stage=1),
+    )
+
+
+def test_recomputed_stage_keeps_what_the_simulator_predicts() -> None:
+    costs = _context().costs
+    table = costs.require_table("A100-40", 1, MICRO_BATCH_SIZE)
+    a, b = 1, SPEC.num_layers
+    # the kept term of CostModel.stage_memory_bytes: the layers' outputs and the input
+    predicted = table.recompute_kept_bytes(a, b) + costs.boundary_bytes(MICRO_BATCH_SIZE, a)
+    with_recompute, states = _kept_bytes(recompute=True)
+    without, _ = _kept_bytes(recompute=False)
+    assert abs(with_recompute - predicted) <= 0.1 * predicted
+    # the premise: recomputation keeps far less than the plain forward
+    assert with_recompute < without / 5
+    # model states of the stage (one replica, torch Adam, fp32): exactly the simulator's
+    terms = costs.model_states(table.parameters(a, b), 1, 1)
+    assert states["weights"] == terms.weights
+    assert states["gradients"] == terms.gradients
+    assert states["optimizer_states"] == terms.optimizer_states
+    assert terms.master_weights == 0
