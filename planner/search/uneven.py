@@ -260,13 +260,13 @@ class UnevenPass:
             usd = sum(
                 r.tensor_parallel * self.costs.price_per_gpu_hour(r.pool) for r in plan.workers()
             )
+
             # a time whose value (time, or cost at this placement's price) cannot enter the
             # top k is not worth pricing further
-            balanced = priced(
-                plan,
-                self.context,
-                lambda seconds, usd=usd: self.value_lower(seconds, usd) <= kth() * (1 + 1e-9),
-            )
+            def worth(seconds: float, usd: float = usd) -> bool:
+                return self.value_lower(seconds, usd) <= kth() * (1 + 1e-9)
+
+            balanced = priced(plan, self.context, worth)
             if balanced is not None:
                 offer(balanced)
 
