@@ -310,7 +310,14 @@ def _preempt(
     operator: subprocess.Popen[bytes],
     log: Path,
 ) -> None:
-    """Preempt worker 0's node and show the operator replanning onto what remains."""
+    """Preempt a spot node of the plan and show the operator replanning onto what remains.
+
+    The node is that of the lowest-ranked worker on a spot node: GKE preempts spot VMs only,
+    and an on-demand pool that autoscales would be planned to get its node back (the
+    planner counts the replacement a real autoscaler brings, which the local cluster lacks).
+    Worker 0's node when no worker runs on spot.
+    """
+    from sailplan.operator.api.gpupool import SPOT_LABEL
     from sailplan_dev.localcluster.cluster import LocalCluster
 
     status = job.get("status") or {}
@@ -319,14 +326,28 @@ def _preempt(
     generation = (status.get("plan") or {}).get("generation")
     kube = Kube(api)
     pods, _, _ = kube.list_job_children(DEMO_NAMESPACE, DEMO_JOB)
-    worker0 = next(
-        p
-        for p in pods
-        if p["metadata"]["labels"].get(naming.LABEL_WORKER) == "0"
-        and p["metadata"]["labels"].get(naming.LABEL_GENERATION) == str(generation)
+    workers = sorted(
+        (
+            p
+            for p in pods
+            if p["metadata"]["labels"].get(naming.LABEL_GENERATION) == str(generation)
+            and p["spec"].get("nodeName")
+        ),
+        key=lambda p: int(p["metadata"]["labels"].get(naming.LABEL_WORKER, "0")),
     )
-    node = worker0["spec"]["nodeName"]
-    console.print(f"\n[bold]preempting[/bold] node {node} (worker 0's), as GKE preempts a spot VM")
+    if not workers:
+        raise DemoError("--preempt needs the plan's workers on nodes first")
+    labels = kube.node_labels()
+    on_spot = [
+        w for w in workers if labels.get(w["spec"]["nodeName"], {}).get(SPOT_LABEL) == "true"
+    ]
+    victim = (on_spot or workers)[0]
+    node = victim["spec"]["nodeName"]
+    rank = victim["metadata"]["labels"].get(naming.LABEL_WORKER)
+    kind = "a spot node" if on_spot else "no worker is on spot; an on-demand node"
+    console.print(
+        f"\n[bold]preempting[/bold] node {node} (worker {rank}'s, {kind}), as GKE preempts a spot VM"
+    )
     LocalCluster.attach(kubeconfig).preempt_node(node)
     started = time.monotonic()
     deadline = started + timeout_s

@@ -257,7 +257,9 @@ class PoolSelection(KubeModel):
 
 ENERGY_OBJECTIVE_RULES: Final[list[JsonValue]] = [
     {
-        "rule": "self.kind != 'Energy' || has(self.minSamplesPerSecond)",
+        # has(self.kind): the API server checks the rule on the field's default ({}) too,
+        # before kind's own default fills it in
+        "rule": "!has(self.kind) || self.kind != 'Energy' || has(self.minSamplesPerSecond)",
         "message": "kind Energy needs minSamplesPerSecond: without a throughput floor the "
         "least energy is the slowest plan",
     },
