@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
+from operator_builders import JOB_SPEC
 from operator_process import OperatorProcess
 from test_autoscaled_pools_cluster import ZONE, pool_status, submit
 from test_operator_cluster import get_job, pods_of
@@ -146,3 +147,24 @@ def test_provisioning_requests_without_their_crd_are_a_reason_on_the_job(
     assert "provisioningrequests.autoscaling.x-k8s.io" in condition["message"]
     assert f"spec.autoscaling.provisioningRequest from GPUPool {pool}" in condition["message"]
     assert pods_of(k8s_api, namespace, "nocrd") == []
+
+
+@pytest.mark.usefixtures("crds")
+def test_the_schema_refuses_a_negative_energy_price_and_an_energy_objective_without_a_floor(
+    k8s_api: Any,
+) -> None:
+    shape = {"zones": [ZONE], "machineType": "a2-highgpu-4g", "maxNodesPerZone": 1}
+    message = refused(k8s_api, shape, pricing={"energyUsdPerKwh": -0.1})
+    assert "spec.pricing.energyUsdPerKwh" in message
+    job = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TrainingJob",
+        "metadata": {"name": f"energy-{uuid.uuid4().hex[:6]}", "namespace": "default"},
+        "spec": JOB_SPEC | {"objective": {"kind": "Energy"}},
+    }
+    with pytest.raises(client.ApiException) as error:
+        client.CustomObjectsApi(k8s_api).create_namespaced_custom_object(
+            GROUP, VERSION, "default", "trainingjobs", job
+        )
+    assert error.value.status == 422
+    assert "kind Energy needs minSamplesPerSecond" in str(error.value.body)
