@@ -13,6 +13,7 @@ Called by engine.py; pure.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -46,7 +47,7 @@ class OptionRows:
     def __init__(self, plain: list[list[float]], varied: FloatMatrix, used: BoolMatrix) -> None:
         self._plain, self._varied, self._used = plain, varied, used
         # per start layer: does any range take the option (a plain list: read per DP state)
-        self._any = [bool(row.any()) for row in used]
+        self._any = cast(list[bool], used.any(axis=1).tolist())
         self._rows: dict[int, list[float]] = {}
 
     def __getitem__(self, start: int) -> list[float]:
@@ -72,7 +73,7 @@ class KindTables:
     capacity_bytes: float
     _memory_base: FloatMatrix = field(repr=False)
     _memory_per_flight: FloatMatrix = field(repr=False)
-    _lists: dict[object, list[list[float]] | list[list[bool]]] = field(
+    _lists: dict[object, list[list[float]] | list[list[bool]] | OptionRows] = field(
         default_factory=dict, repr=False, compare=False
     )
     # recomputation and offload where a range does not fit without (search/memopts.py);
@@ -112,23 +113,28 @@ class KindTables:
 
     # the stage's compute and tail with the options its ranges take at an in-flight count
     # (stagedp.Kind.compute_at / tail_at)
-    def compute_list_at(self, in_flight: int) -> OptionRows:
+    def compute_list_at(self, in_flight: int) -> OptionRows | list[list[float]]:
         key = ("compute", in_flight)
         if key not in self._lists:
             assert self.options is not None
             used = self.options.choice(in_flight) >= RECOMPUTE
-            self._lists[key] = OptionRows(  # type: ignore[assignment]
-                self.compute_list(), self.options.compute_recomputed, used
+            self._lists[key] = (
+                OptionRows(self.compute_list(), self.options.compute_recomputed, used)
+                if used.any()
+                else self.compute_list()
             )
         return self._lists[key]  # type: ignore[return-value]
 
-    def tail_list_at(self, in_flight: int) -> OptionRows:
+    def tail_list_at(self, in_flight: int) -> OptionRows | list[list[float]]:
         key = ("tail", in_flight)
         if key not in self._lists:
             assert self.options is not None
-            used = np.isin(self.options.choice(in_flight), (OFFLOAD, BOTH))
-            self._lists[key] = OptionRows(  # type: ignore[assignment]
-                self.tail_list_plain(), self.options.tail_offloaded, used
+            choice = self.options.choice(in_flight)
+            used = (choice == OFFLOAD) | (choice == BOTH)
+            self._lists[key] = (
+                OptionRows(self.tail_list_plain(), self.options.tail_offloaded, used)
+                if used.any()
+                else self.tail_list_plain()
             )
         return self._lists[key]  # type: ignore[return-value]
 
