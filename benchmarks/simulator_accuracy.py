@@ -4,7 +4,8 @@ Each validation file is a plan (4 GH200 per node, TP=4) with its measured iterat
 (`real`) and peak GPU memory (`max_mem`). This script converts each to a Plan
 (profiles.sailor.plan_from_sailor), simulates it with the artifact's imported GH-96
 profiles and network fits (measured profiles made non-decreasing in micro-batch size, as
-the planner does), and prints per-plan errors and the mean absolute error (MAE).
+the planner does) as the runs trained (DeepSpeed's pipeline engine, fp32: SAILOR_RUNTIME,
+SAILOR_TRAINING), and prints per-plan errors and the mean absolute error (MAE).
 
 Iteration time has no fitted constant: communication comes from the network's bandwidths
 (simulator/collectives.py), so its error is the same in and out of sample. With --refit the
@@ -53,11 +54,26 @@ from sailplan.planner.simulator import (
     in_flight_micro_batches,
     simulate,
 )
+from sailplan.planner.simulator.memory import FP32_BYTES, TrainingSetup
 
 REPO = Path(__file__).resolve().parents[1]
 # The Sailor runs trained with DeepSpeed's PipelineEngine, whose sends and receives are
 # separate blocking calls (SimulatorConstants.blocking_p2p); the rest is the shipped model.
 SAILOR_RUNTIME = dataclasses.replace(DEFAULT_CONSTANTS, blocking_p2p=True, partitioned_p2p=True)
+# The Sailor runs trained in fp32: fp32 gradients in the all-reduce and fp32 tensors across
+# stage boundaries, 4 bytes each. Sources: Sailor's Clariden run script
+# (ae_scripts/clariden_scripts/run_opt.slurm, eth-easl/sailor) gives DeepSpeed a config with
+# no bf16/fp16 section and Megatron-DeepSpeed no --bf16/--fp16, so DeepSpeed's all-reduce
+# (engine.py allreduce_bucket) communicates in fp32 (communication_data_type); the artifact's
+# models/llm_info.json, recorded from the same models, has params_bytes = 4 x params_floats
+# and act_output_bytes = 4 x act_output_floats for every model; Sailor's validation
+# (Planner/simulations/validation/validate.py) simulates the runs with fp16=False, 4-byte
+# floats. Model states stay 16 B/param (fp32 weights and gradients, Adam's 8, no master
+# copy, against 2 + 2 + 4 + 8), so the memory fit does not move. `precision` keeps its
+# default: it only scales activation memory, whose 16-bit formula and allocator factor are
+# fitted on these runs' measured peaks (the artifact's own fp32 measurement of a TP-4
+# OPT-350M layer, 109.6 MB per sample, is 0.93 x that formula's 117.4 MB).
+SAILOR_TRAINING = TrainingSetup(parameter_bytes=FP32_BYTES, boundary_element_bytes=FP32_BYTES)
 ARTIFACT = REPO.parent / "shared" / "reference" / "sailor-artifact"
 VALIDATION = ARTIFACT / "validation" / "gh200-opt350"
 
@@ -71,7 +87,11 @@ def errors(
     rows = []
     for name, run in runs:
         context = PlanningContext(
-            model=model, cluster=run.cluster, profiles=profiles, constants=constants
+            model=model,
+            cluster=run.cluster,
+            profiles=profiles,
+            constants=constants,
+            training=SAILOR_TRAINING,
         )
         predicted = simulate(run.plan, context)
         measured = all(
@@ -109,7 +129,11 @@ def fit_memory(
     rows, targets, weights = [], [], []
     for _, run in runs:
         context = PlanningContext(
-            model=model, cluster=run.cluster, profiles=profiles, constants=base
+            model=model,
+            cluster=run.cluster,
+            profiles=profiles,
+            constants=base,
+            training=SAILOR_TRAINING,
         )
         costs, plan = context.costs, run.plan
         best: tuple[float, float, float] | None = None

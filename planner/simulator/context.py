@@ -100,8 +100,10 @@ class PlanningContext:
     catalog: Catalog = field(default_factory=default_catalog)
     optimizer: Optimizer = "adam"
     constants: SimulatorConstants = DEFAULT_CONSTANTS
-    # how the weights are trained (ZeRO stage, parameter dtype): the default is the layout
-    # the constants were fitted on; planner.api plans with TrainingSetup.trainer(...)
+    # how the weights are trained (ZeRO stage, parameter dtype): the default has the model
+    # states (16 B/param) the memory constants were fitted with; the fitted runs themselves
+    # trained in fp32 (benchmarks/simulator_accuracy.py SAILOR_TRAINING); planner.api plans
+    # with TrainingSetup.trainer(...)
     training: TrainingSetup = DEFAULT_TRAINING
 
     @cached_property

@@ -11,9 +11,11 @@ parameters. Two setups matter:
   optimizer is DeepSpeed's `DeepSpeedZeroOptimizer` with the bucket sizes
   sailplan.trainer.zero passes (TrainerConfig.zero_bucket_elements);
 - half-precision parameters with an fp32 master copy in the optimizer (DeepSpeed's and
-  Megatron's bf16/fp16 mode; `TrainingSetup()` with no ZeRO is the layout the Sailor
-  artifact's Megatron-DeepSpeed runs used, 2 + 2 + 12 = 16 bytes per parameter, on which
-  the simulator's memory constants were fitted).
+  Megatron's bf16/fp16 mode; `TrainingSetup()`, the default, with no ZeRO: 2 + 2 + 12 = 16
+  bytes per parameter). The Sailor artifact's Megatron-DeepSpeed runs, on which the
+  simulator's memory constants were fitted, trained in fp32 instead (4 + 4 + 8 = the same
+  16 bytes; fp32 gradients in the all-reduce: benchmarks/simulator_accuracy.py
+  SAILOR_TRAINING gives the sources).
 
 Terms, for P parameters on the rank, D replicas sharing them, w bytes per parameter
 (4 fp32, 2 bf16/fp16), k optimizer bytes per parameter (Adam 8: fp32 momentum and
@@ -98,8 +100,11 @@ class TrainingSetup:
     """How the weights are trained, as far as memory and gradient traffic are concerned.
 
     The defaults are half-precision parameters with an fp32 master copy and no ZeRO, no
-    bucket term (it is inside the fitted framework overhead): the layout of the Sailor
-    artifact's runs that SimulatorConstants was fitted on, 16 bytes per parameter for Adam.
+    bucket term (it is inside the fitted framework overhead): 16 bytes per parameter for
+    Adam, the same model states as the fp32 training of the Sailor artifact's runs that
+    SimulatorConstants was fitted on (TrainingSetup(parameter_bytes=4,
+    boundary_element_bytes=4), benchmarks/simulator_accuracy.py SAILOR_TRAINING), whose
+    all-reduce and stage-boundary sends move twice the default's bytes.
     `TrainingSetup.trainer(...)` is what the Sailplan trainer does.
     """
 
