@@ -87,7 +87,16 @@ def _metrics(port: int) -> str:
         return ""
 
 
+# spec.energy.clocks, and the deprecated annotation it replaced
+OPT_INS = {
+    "spec": ({}, {"energy": {"clocks": "NoSlowdown"}}),
+    "annotation": ({OPT_IN_ANNOTATION: "no-slowdown"}, {}),
+}
+
+
+@pytest.mark.parametrize("opt_in", sorted(OPT_INS))
 def test_the_agent_locks_and_resets_a_workers_gpus_on_the_api_server(
+    opt_in: str,
     *,
     kubeconfig: str,
     k8s_api: Any,
@@ -112,8 +121,8 @@ def test_the_agent_locks_and_resets_a_workers_gpus_on_the_api_server(
         {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "TrainingJob",
-            "metadata": {"name": "opt", "annotations": {OPT_IN_ANNOTATION: "no-slowdown"}},
-            "spec": JOB_SPEC,
+            "metadata": {"name": "opt", "annotations": OPT_INS[opt_in][0]},
+            "spec": JOB_SPEC | OPT_INS[opt_in][1],
         },
     )
     job = TrainingJob.model_validate(
