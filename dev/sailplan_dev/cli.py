@@ -141,7 +141,9 @@ def demo_command(
     ] = False,
     preempt: Annotated[
         bool,
-        typer.Option(help="then preempt a spot node of the plan (local cluster) and show the replan"),
+        typer.Option(
+            help="then preempt a spot node of the plan (local cluster) and show the replan"
+        ),
     ] = False,
     autoscale: Annotated[
         bool,
