@@ -33,6 +33,7 @@ from .nodes import (
     node_manifests,
     node_name,
 )
+from .waiting import wait_until
 
 DEFAULT_NAME = "sailplan"
 # kwokctl uses the name in paths, the kubeconfig context and process titles.
@@ -49,11 +50,7 @@ class BinariesMissingError(ClusterError):
 
 
 def _wait(what: str, check: Callable[[], bool], timeout_s: float, interval_s: float = 0.5) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise ClusterError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(interval_s)
+    wait_until(what, check, timeout_s, ClusterError, interval_s)
 
 
 def _ready(node: Any) -> bool:

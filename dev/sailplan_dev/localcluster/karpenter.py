@@ -41,6 +41,7 @@ from .karpenter_shapes import (
     OWNER_LABEL,
     KarpenterError,
 )
+from .waiting import ignore_404, wait_until
 
 __all__ = ["Karpenter", "KarpenterError"]
 
@@ -209,7 +210,7 @@ class Karpenter:
             pools = []
         names = {p["metadata"]["name"] for p in pools}
         for name in names:
-            _ignore_404(custom.delete_cluster_custom_object, *_NODEPOOLS, name)
+            ignore_404(custom.delete_cluster_custom_object, *_NODEPOOLS, name)
         deadline = time.monotonic() + timeout_s
         alive = self.process is not None and self.process.poll() is None
         while alive and self._owned_nodes(names) and time.monotonic() < deadline:
@@ -248,12 +249,12 @@ class Karpenter:
         for claim in self.node_claims():
             if (claim["metadata"].get("labels") or {}).get(NODEPOOL_OF_NODE_LABEL) in pools:
                 name = claim["metadata"]["name"]
-                _ignore_404(custom.patch_cluster_custom_object, *_NODECLAIMS, name, unfinalize)
-                _ignore_404(custom.delete_cluster_custom_object, *_NODECLAIMS, name)
+                ignore_404(custom.patch_cluster_custom_object, *_NODECLAIMS, name, unfinalize)
+                ignore_404(custom.delete_cluster_custom_object, *_NODECLAIMS, name)
         for node in core.list_node().items:
             if (node.metadata.labels or {}).get(NODEPOOL_OF_NODE_LABEL) in pools:
-                _ignore_404(core.patch_node, node.metadata.name, unfinalize)
-                _ignore_404(core.delete_node, node.metadata.name)
+                ignore_404(core.patch_node, node.metadata.name, unfinalize)
+                ignore_404(core.delete_node, node.metadata.name)
 
     def log_tail(self, lines: int = 30) -> str:
         if not self.log.exists():
@@ -262,16 +263,4 @@ class Karpenter:
 
 
 def _wait(what: str, check: Callable[[], bool], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise KarpenterError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(0.2)
-
-
-def _ignore_404(call: Callable[..., Any], *args: Any) -> None:
-    try:
-        call(*args)
-    except client.ApiException as error:
-        if error.status != 404:
-            raise
+    wait_until(what, check, timeout_s, KarpenterError)

@@ -38,6 +38,7 @@ from kubernetes import client
 from sailplan_dev.apply import apply, load_documents
 
 from . import build
+from .waiting import ignore_404, wait_until
 
 NAMESPACE: Final = "kueue-system"
 CERT_SECRET: Final = "kueue-webhook-server-cert"
@@ -193,7 +194,7 @@ class Kueue:
         self._strip_finalizers()
         ext: Any = client.ApiextensionsV1Api(self.api)
         for name in self._crd_names():
-            _ignore_404(ext.delete_custom_resource_definition, name)
+            ignore_404(ext.delete_custom_resource_definition, name)
 
         def gone() -> bool:
             names = {c.metadata.name for c in ext.list_custom_resource_definition().items}
@@ -222,7 +223,7 @@ class Kueue:
                 if not metadata.get("finalizers"):
                     continue
                 if "namespace" in metadata:
-                    _ignore_404(
+                    ignore_404(
                         custom.patch_namespaced_custom_object,
                         group,
                         version,
@@ -232,7 +233,7 @@ class Kueue:
                         unfinalize,
                     )
                 else:
-                    _ignore_404(
+                    ignore_404(
                         custom.patch_cluster_custom_object,
                         group,
                         version,
@@ -283,19 +284,7 @@ class _CertificateCopier:
 
 
 def _wait(what: str, check: Callable[[], bool], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise KueueError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(0.2)
-
-
-def _ignore_404(call: Callable[..., Any], *args: Any) -> None:
-    try:
-        call(*args)
-    except client.ApiException as error:
-        if error.status != 404:
-            raise
+    wait_until(what, check, timeout_s, KueueError)
 
 
 def _ignore_409(call: Callable[..., Any], *args: Any) -> None:
