@@ -19,6 +19,7 @@ from sailplan.operator.api.gpupool import GPUPool
 from sailplan.operator.api.trainingjob import TrainingJob, TrainingJobStatus
 from sailplan.operator.controller.blocking import run_blocking
 from sailplan.operator.kube import Kube
+from sailplan.operator.nodeagent.assignment import OPT_IN_CLOCKS, opt_in
 from sailplan.operator.profilestore import ProfileStore, parse_profile_configmaps
 from sailplan.operator.profiling.status import observed_job
 from sailplan.operator.reconcile import kueue
@@ -54,6 +55,22 @@ class ParsedJob:
     invalid: str = ""  # one line naming the field, when `job` is None
 
 
+def spec_with_opt_in(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The job's spec, with the deprecated `sailplan.dev/energy-clocks: no-slowdown`
+    annotation read as `energy.clocks: NoSlowdown`: the node agent honours either
+    (nodeagent.assignment.opt_in), so the planner must see either as the same opt-in, or a
+    job opted in by the annotation gets plans without the clocks the agent locks."""
+    spec = dict(body.get("spec") or {})
+    opted, by_annotation = opt_in(body)
+    if opted and by_annotation:
+        energy = spec.get("energy")
+        spec["energy"] = {
+            **(energy if isinstance(energy, Mapping) else {}),
+            "clocks": OPT_IN_CLOCKS,
+        }
+    return spec
+
+
 def parse_job(namespace: str, name: str, body: Mapping[str, Any]) -> ParsedJob:
     metadata = body["metadata"]
     raw_status = body.get("status") or {}
@@ -70,7 +87,7 @@ def parse_job(namespace: str, name: str, body: Mapping[str, Any]) -> ParsedJob:
             uid=uid,
             generation=generation,
             labels=metadata.get("labels") or {},
-            spec=body.get("spec") or {},
+            spec=spec_with_opt_in(body),
             status=old_status,
         )
     except ValidationError as error:
