@@ -28,8 +28,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sailplan.operator.api.common import Condition
-from sailplan.operator.api.trainingjob import COND_RUNNING, TrainingJob
+from sailplan.operator.api.common import Condition, find_condition
+from sailplan.operator.api.trainingjob import (
+    COND_RUNNING,
+    COND_SUSPENDED,
+    PHASE_SUSPENDED,
+    TrainingJob,
+)
 from sailplan.operator.reconcile import naming
 from sailplan.operator.reconcile.children import owner_reference
 from sailplan.operator.reconcile.nodes import requested_gpus
@@ -55,8 +60,11 @@ REASON_QUEUE_NOT_FOUND: Final = "QueueNotFound"
 REASON_INADMISSIBLE: Final = "Inadmissible"
 REASON_EVICTED: Final = "Evicted"
 REASON_KUEUE_NOT_INSTALLED: Final = "KueueNotInstalled"
-# Running=False while the workers wait for admission.
+# Running=False while the workers wait for admission, and Suspended=True (the queue
+# suspends the job, as Kueue's own integrations show it through spec.suspend); Suspended
+# has reason Evicted after an eviction, and turns False with reason Admitted.
 REASON_AWAITING_ADMISSION: Final = "AwaitingAdmission"
+_QUEUE_SUSPENSIONS: Final = (REASON_AWAITING_ADMISSION, REASON_EVICTED)
 
 # A Workload's status changes without an event the operator watches: it looks again soon
 # after creating one (Kueue admits within a second when quota is free), this often while
@@ -256,6 +264,8 @@ class Admission:
     conditions: tuple[Condition, ...] = ()
     events: tuple[KubeEvent, ...] = ()
     requeue_after: float | None = None
+    # PHASE_SUSPENDED while the queue holds the workers back (the pass said Pending).
+    phase: str | None = None
 
 
 def admit(
@@ -332,7 +342,7 @@ def admit(
         return Admission(
             tuple(create),
             delete_workloads=stale,
-            conditions=(condition,),
+            conditions=(condition, *_resumed(job, condition.message)),
             events=events,
             requeue_after=ADMITTED_POLL_SECONDS,
         )
@@ -357,6 +367,25 @@ def _with(admission: Admission, *, delete_workloads: tuple[str, ...]) -> Admissi
         conditions=admission.conditions,
         events=admission.events,
         requeue_after=admission.requeue_after,
+        phase=admission.phase,
+    )
+
+
+def _resumed(job: TrainingJob, message: str) -> tuple[Condition, ...]:
+    """Suspended=False/Admitted once admitted, where the queue had suspended the job."""
+    suspended = find_condition(job.status.conditions, COND_SUSPENDED)
+    if job.spec.suspend or suspended is None or suspended.status != "True":
+        return ()
+    if suspended.reason not in _QUEUE_SUSPENSIONS:
+        return ()
+    return (
+        Condition(
+            type=COND_SUSPENDED,
+            status="False",
+            reason=REASON_ADMITTED,
+            message=message,
+            observed_generation=job.generation,
+        ),
     )
 
 
@@ -369,8 +398,9 @@ def _waiting(
     previous: Condition | None,
     poll_seconds: float,
 ) -> Admission:
-    """No workers start: Admitted=False and Running=False say why; an Event when the
-    reason changes (a Warning for what the user has to fix)."""
+    """No workers start: Admitted=False and Running=False say why, Suspended=True and
+    phase Suspended that the queue holds the job (not where spec.suspend does); an Event
+    when the reason changes (a Warning for what the user has to fix)."""
     observed = job.generation
     admitted = Condition(
         type=COND_ADMITTED,
@@ -394,6 +424,21 @@ def _waiting(
             REASON_KUEUE_NOT_INSTALLED,
         )
         events = (KubeEvent("Warning" if warning else "Normal", reason, message),)
+    if job.spec.suspend:  # spec.suspend's own Suspended condition and phase stand
+        return Admission(
+            tuple(create), conditions=(admitted, running), events=events, requeue_after=poll_seconds
+        )
+    suspended = Condition(
+        type=COND_SUSPENDED,
+        status="True",
+        reason=REASON_EVICTED if reason == REASON_EVICTED else REASON_AWAITING_ADMISSION,
+        message=message,
+        observed_generation=observed,
+    )
     return Admission(
-        tuple(create), conditions=(admitted, running), events=events, requeue_after=poll_seconds
+        tuple(create),
+        conditions=(admitted, running, suspended),
+        events=events,
+        requeue_after=poll_seconds,
+        phase=PHASE_SUSPENDED,
     )

@@ -390,6 +390,8 @@ def _admitted(observed: Observed, outcome: Outcome, now: datetime) -> Outcome:
         requeue = (
             admission.requeue_after if requeue is None else min(requeue, admission.requeue_after)
         )
+    if admission.phase is not None and status.phase == api.PHASE_PENDING:
+        status = status.model_copy(update={"phase": admission.phase})  # the queue holds it
     return replace(
         outcome,
         create=admission.create,

@@ -334,7 +334,7 @@ def test_kueue_admits_a_plan_as_one_gang_and_queues_a_job_over_quota_with_the_re
         assert (status, reason) == ("False", kueue.REASON_PENDING)
         assert "nvidia.com/gpu" in message
         second = get_job(k8s_api, namespace, "second")
-        assert second["status"]["phase"] == "Pending"
+        assert second["status"]["phase"] == "Suspended"
         assert not pods_of(k8s_api, namespace, "second")
 
         # The first job goes, and with it its Workload: the second is admitted and runs.

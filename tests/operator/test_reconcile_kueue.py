@@ -109,10 +109,12 @@ def test_a_queued_job_plans_then_queues_its_plan_as_one_workload_and_starts_no_w
     for pod_set in workload["spec"]["podSets"]:
         affinity = pod_set["template"]["spec"]["affinity"]["nodeAffinity"]
         assert affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    # Held by the queue, shown as Kubeflow and JobSet jobs that Kueue suspends show it.
     status = outcome.status
-    assert status.phase == "Pending"
+    assert status.phase == "Suspended"
     assert _reason(status, kueue.COND_ADMITTED) == ("False", kueue.REASON_WORKLOAD_CREATED)
     assert _reason(status, "Running") == ("False", kueue.REASON_AWAITING_ADMISSION)
+    assert _reason(status, "Suspended") == ("True", kueue.REASON_AWAITING_ADMISSION)
     assert outcome.requeue_after is not None  # Kueue's answer is looked at again soon
     assert "PodsCreated" not in [e.reason for e in outcome.events]
 
@@ -136,6 +138,9 @@ def test_workers_start_only_once_kueue_admitted_the_workload(
     assert admitted is not None and "insufficient unused quota" in admitted
     assert _reason(waiting.status, kueue.COND_ADMITTED) == ("False", "Pending")
     assert "Pending" in [e.reason for e in waiting.events]
+    assert waiting.status.phase == "Suspended"
+    suspended = find_condition(waiting.status.conditions, "Suspended")
+    assert suspended is not None and "insufficient unused quota" in suspended.message
     job = with_status(job, waiting)
 
     running = reconcile(
@@ -146,6 +151,8 @@ def test_workers_start_only_once_kueue_admitted_the_workload(
     )
     assert [o["kind"] for o in running.create] == ["Pod"] * len(plan.workers())
     assert _reason(running.status, kueue.COND_ADMITTED) == ("True", kueue.REASON_ADMITTED)
+    assert _reason(running.status, "Suspended") == ("False", kueue.REASON_ADMITTED)
+    assert running.status.phase == "Pending"  # workers created, not running yet
     assert "Admitted" in [e.reason for e in running.events]
     assert running.delete_workloads == ()
 
@@ -230,6 +237,9 @@ def test_an_evicted_workload_drains_the_job_and_its_next_plan_queues_a_new_one(
     )
     assert _reason(drain.status, kueue.COND_ADMITTED) == ("False", kueue.REASON_EVICTED)
     assert "higher priority" in (admitted_message(drain.status) or "")
+    # Suspended by the queue, not by spec.suspend.
+    assert drain.status.phase == "Suspended"
+    assert _reason(drain.status, "Suspended") == ("True", kueue.REASON_EVICTED)
     job = with_status(job, drain)
     exited = reconcile(
         observed_with(observe(job, pools, created, dict.fromkeys(range(4), "Succeeded")), evicted),
@@ -253,6 +263,8 @@ def test_an_evicted_workload_drains_the_job_and_its_next_plan_queues_a_new_one(
     assert new["metadata"]["name"] == kueue.workload_name(job.name, 2)
     assert not [o for o in replanned.create if o["kind"] == "Pod"]
     assert replanned.delete_workloads == (workload["metadata"]["name"],)
+    assert replanned.status.phase == "Suspended"
+    assert _reason(replanned.status, "Suspended") == ("True", kueue.REASON_AWAITING_ADMISSION)
 
 
 def test_a_finished_job_deletes_its_workload_which_returns_the_quota(
@@ -285,6 +297,7 @@ def test_a_spec_suspended_queued_job_never_creates_a_workload(
     )
     outcome = reconcile(Observed(job=job, pools=pools), refuse, catalog, NOW)
     assert outcome.create == () and outcome.status.phase == "Suspended"
+    assert _reason(outcome.status, "Suspended") == ("True", "JobSuspended")
 
 
 def test_the_shipped_queues_give_every_example_gpupool_its_flavor_and_quota() -> None:
