@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the tests' helpers, as pytest's `pyth
 from operator_process import install_crds  # noqa: E402
 from waiting import wait_for  # noqa: E402
 
-GROUP, VERSION = "sailplan.dev", "v1alpha1"
+GROUP, VERSION = "sailplan.dev", "v1beta1"
 NODE_POOLS = ("a100-ondemand", "a100-spot", "v100-ondemand", "v100-spot")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 

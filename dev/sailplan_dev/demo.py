@@ -48,7 +48,7 @@ AUTOSCALED_ZONES = ("us-central1-a", "us-central1-b")
 
 def autoscaled_pool() -> dict[str, Any]:
     return {
-        "apiVersion": "sailplan.dev/v1alpha1",
+        "apiVersion": "sailplan.dev/v1beta1",
         "kind": "GPUPool",
         "metadata": {"name": AUTOSCALED_POOL},
         "spec": {
@@ -391,7 +391,7 @@ def _start_autoscaler(
     while time.monotonic() < deadline and not status.get("gpusPossible"):
         time.sleep(0.5)
         found = custom.get_cluster_custom_object(
-            "sailplan.dev", "v1alpha1", "gpupools", AUTOSCALED_POOL
+            "sailplan.dev", "v1beta1", "gpupools", AUTOSCALED_POOL
         )
         status = found.get("status") or {}
     console.print(
@@ -441,11 +441,11 @@ def _stop_autoscaler(console: Console, api: client.ApiClient, karpenter: Any) ->
     for call, args in (
         (
             custom.delete_namespaced_custom_object,
-            ("sailplan.dev", "v1alpha1", DEMO_NAMESPACE, "trainingjobs", DEMO_JOB),
+            ("sailplan.dev", "v1beta1", DEMO_NAMESPACE, "trainingjobs", DEMO_JOB),
         ),
         (
             custom.delete_cluster_custom_object,
-            ("sailplan.dev", "v1alpha1", "gpupools", AUTOSCALED_POOL),
+            ("sailplan.dev", "v1beta1", "gpupools", AUTOSCALED_POOL),
         ),
     ):
         try:

@@ -15,8 +15,12 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSche
 from pydantic.alias_generators import to_camel
 
 GROUP: Final = "sailplan.dev"
-VERSION: Final = "v1alpha1"
+# The version the operator reads, writes and watches, and the CRDs' storage version.
+VERSION: Final = "v1beta1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
+# Still served (deprecated) so manifests written for it keep applying; the same spec, so the
+# CRDs convert with strategy None (docs/reference/api-versions.md says why).
+LEGACY_VERSION: Final = "v1alpha1"
 
 # Kubernetes' own regular expressions (apimachinery validation), so the API server rejects
 # what the kubelet or the scheduler would reject later.

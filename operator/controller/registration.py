@@ -28,7 +28,7 @@ from kubernetes import client
 from sailplan.operator import metrics
 from sailplan.operator.api import gpupool as pool_api
 from sailplan.operator.api import trainingjob as job_api
-from sailplan.operator.api.common import GROUP
+from sailplan.operator.api.common import GROUP, VERSION
 from sailplan.operator.controller.config import OperatorConfig
 from sailplan.operator.controller.runtime import Runtime
 from sailplan.operator.controller.supervision import register_liveness_probe
@@ -155,7 +155,7 @@ def build_registry(config: OperatorConfig, api_client: client.ApiClient) -> kopf
         usage = pod_gpu_request(body)
         return {usage[0]: pod_priority(body)} if usage else {}
 
-    @kopf.index(GROUP, pool_api.PLURAL, id="pools", registry=registry)
+    @kopf.index(group=GROUP, version=VERSION, plural=pool_api.PLURAL, id="pools", registry=registry)
     async def pools(body: kopf.Body, name: str, **_: Any) -> dict[str, dict[str, Any]]:
         return {name: dict(body)}
 
@@ -204,7 +204,13 @@ def build_registry(config: OperatorConfig, api_client: client.ApiClient) -> kopf
     async def gpu_pod_changed(**kwargs: Any) -> None:
         await kick_pools(kwargs)
 
-    @kopf.on.event(GROUP, pool_api.PLURAL, id="gpupool-changed", registry=registry)
+    @kopf.on.event(
+        group=GROUP,
+        version=VERSION,
+        plural=pool_api.PLURAL,
+        id="gpupool-changed",
+        registry=registry,
+    )
     async def pool_changed(**kwargs: Any) -> None:
         await kick_pools(kwargs)
 
@@ -224,8 +230,9 @@ def build_registry(config: OperatorConfig, api_client: client.ApiClient) -> kopf
 
     # -- TrainingJobs ------------------------------------------------------------------
     @kopf.on.event(
-        GROUP,
-        job_api.PLURAL,
+        group=GROUP,
+        version=VERSION,
+        plural=job_api.PLURAL,
         id="trainingjob-changed",
         registry=registry,
         when=lambda namespace, **_: _serves(config, namespace),

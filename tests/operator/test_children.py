@@ -92,7 +92,7 @@ def test_pods_are_owned_tolerate_gpus_and_run_restricted(
     for obj in children.in_creation_order():
         (owner,) = obj["metadata"]["ownerReferences"]
         assert owner == {
-            "apiVersion": "sailplan.dev/v1alpha1",
+            "apiVersion": "sailplan.dev/v1beta1",
             "kind": "TrainingJob",
             "name": "opt",
             "uid": "uid-1234",
