@@ -15,42 +15,30 @@ is deleted, how long until Karpenter has removed every node.
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from kubernetes import client
+from autoscale_setup import (
+    GPUS_PER_NODE,
+    MACHINE,
+    NAMESPACE,
+    ROLE_WORKER,
+    ZONES,
+    arguments,
+    autoscaled_cluster,
+    job,
+    poll,
+    worker_zone,
+)
 from rich.console import Console
 from rich.table import Table
 
 from sailplan.operator.api.common import GROUP, VERSION
-from sailplan.operator.api.gpupool import GPUPool
-from sailplan_dev.apply import apply
-from sailplan_dev.localcluster.cluster import LocalCluster
-from sailplan_dev.localcluster.karpenter import Karpenter
-from sailplan_dev.localcluster.karpenter_shapes import (
-    NODEPOOL_OF_NODE_LABEL,
-    instance_types,
-    node_pools,
-)
+from sailplan_dev.localcluster.karpenter_shapes import NODEPOOL_OF_NODE_LABEL
 
-# The tests' operator subprocess and wait loop, so the benchmark runs the operator as they do.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from operator_process import OperatorProcess, install_crds
-from waiting import poll
-
-NAMESPACE = "bench"
 CLUSTER = "autoscalebench"
-ZONES = ("us-central1-a", "us-central1-b")
-MACHINE = "a2-highgpu-4g"
-GPUS_PER_NODE = 4
-ROLE_WORKER = "sailplan.dev/role=worker"
-MAX_USD_PER_HOUR = 31.0
 
 
 @dataclass
@@ -62,101 +50,15 @@ class JobMarks:
     gpus: dict[str, int] = field(default_factory=dict)  # zone -> GPUs of its Running workers
 
 
-def gpupool(name: str, max_nodes: int) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "GPUPool",
-        "metadata": {"name": name},
-        "spec": {
-            "nodePool": name,
-            "autoscaling": {
-                "zones": list(ZONES),
-                "machineType": MACHINE,
-                "minNodesPerZone": 0,
-                "maxNodesPerZone": max_nodes,
-                # What Karpenter takes here (a few seconds), not a cloud VM's boot.
-                "provisioningSeconds": 30,
-            },
-        },
-    }
-
-
-def job(name: str, pool: str) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "TrainingJob",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {
-            "model": {"name": "OPT-350M"},
-            "training": {"globalBatchSize": 16, "steps": 100},
-            "pools": {"names": [pool]},
-            "trainer": {"image": "sailplan-trainer:bench"},
-            "checkpoint": {"storage": {"uri": "gs://bench/autoscale"}},
-            "profiling": {"mode": "Skip"},  # kwok's nodes run nothing to profile
-            # At most 8 A100s (on-demand list price 3.67 USD per GPU-hour): two jobs fit
-            # a pool's 16 GPUs, else the first job on a pool plans on all of it.
-            "objective": {"maxUsdPerHour": MAX_USD_PER_HOUR},
-        },
-    }
-
-
-def worker_zone(pod: Any) -> str:
-    terms = pod.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution
-    for expression in terms.node_selector_terms[0].match_expressions:
-        if expression.key == "topology.kubernetes.io/zone":
-            return str(expression.values[0])
-    return "?"
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=4)
-    parser.add_argument("--pools", type=int, default=2)
-    parser.add_argument("--max-nodes-per-zone", type=int, default=2)
-    parser.add_argument("--timeout", type=float, default=180)
-    parser.add_argument("--keep-cluster", action="store_true")
-    args = parser.parse_args()
+    args = arguments(
+        __doc__.splitlines()[0], jobs=4, max_nodes_per_zone=2, timeout=180
+    ).parse_args()
     console = Console(width=150)
 
-    cluster = LocalCluster.up(name=CLUSTER, log=console.print)
-    api = cluster.api
-    core = client.CoreV1Api(api)
-    custom = client.CustomObjectsApi(api)
-    workdir = Path("/tmp/sailplan-autoscale-bench")
-    workdir.mkdir(exist_ok=True)
-    (workdir / "operator.log").unlink(missing_ok=True)
-    operator = OperatorProcess(str(cluster.kubeconfig), NAMESPACE, workdir / "operator.log")
-    karpenter = Karpenter(cluster.kubeconfig, api, workdir)
-    pools = [f"as-{i}" for i in range(args.pools)]
-    try:
-        install_crds(api)
-        manifests = [gpupool(p, args.max_nodes_per_zone) for p in pools]
-        apply(
-            api,
-            [
-                *manifests,
-                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
-            ],
-        )
-        karpenter.start(instance_types(ZONES))
-        for manifest in manifests:
-            pool = GPUPool.model_validate(
-                {"name": manifest["metadata"]["name"], "spec": manifest["spec"]}
-            )
-            karpenter.apply_node_pools(node_pools(pool, consolidate_after_s=0))
-        operator.start()
-        # The operator has seen the pools (their possible capacity) before the jobs come.
-        poll(
-            lambda: all(
-                (
-                    custom.get_cluster_custom_object(GROUP, VERSION, "gpupools", p).get("status")
-                    or {}
-                ).get("gpusPossible")
-                for p in pools
-            ),
-            60,
-        )
-
+    with autoscaled_cluster(console, args, cluster_name=CLUSTER, pool_prefix="as") as bench:
+        pools, core, custom = bench.pools, bench.core, bench.custom
+        core, custom = bench.core, bench.custom
         marks = {f"job-{i}": JobMarks(pools[i % len(pools)]) for i in range(args.jobs)}
         seen_nodes: set[str] = set()
         t0 = time.monotonic()
@@ -222,11 +124,6 @@ def main() -> None:
         )
         scale_down = time.monotonic() - t_delete if gone else None
         _report(console, args, marks, created=len(seen_nodes), needed=needed, scale_down=scale_down)
-    finally:
-        karpenter.stop()
-        operator.stop()
-        if not args.keep_cluster:
-            cluster.down()
 
 
 def _seconds(value: float | None) -> str:

@@ -21,34 +21,31 @@ process and the plan-search processes it starts.
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autoscale import GPUS_PER_NODE, MACHINE, NAMESPACE, ZONES, gpupool, job, worker_zone
+from autoscale_setup import (
+    GPUS_PER_NODE,
+    MACHINE,
+    NAMESPACE,
+    ROLE_WORKER,
+    ZONES,
+    arguments,
+    autoscaled_cluster,
+    job,
+    worker_zone,
+)
 from kubernetes import client
 from rich.console import Console
 from rich.table import Table
 
 from sailplan.operator.api.common import GROUP, VERSION
-from sailplan.operator.api.gpupool import GPUPool
-from sailplan_dev.apply import apply
-from sailplan_dev.localcluster.cluster import LocalCluster
-from sailplan_dev.localcluster.karpenter import Karpenter
-from sailplan_dev.localcluster.karpenter_shapes import instance_types, node_pools
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from operator_process import OperatorProcess, install_crds
-from waiting import poll
 
 CLUSTER = "autoscaleburst"
-ROLE_WORKER = "sailplan.dev/role=worker"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
 
@@ -163,56 +160,19 @@ def booking_problems(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=6)
-    parser.add_argument("--pools", type=int, default=2)
-    parser.add_argument("--max-nodes-per-zone", type=int, default=25)
+    parser = arguments(__doc__.splitlines()[0], jobs=6, max_nodes_per_zone=25, timeout=600)
     parser.add_argument("--max-usd-per-hour", type=float, default=31.0)
-    parser.add_argument("--timeout", type=float, default=600)
-    parser.add_argument("--keep-cluster", action="store_true")
     args = parser.parse_args()
     console = Console(width=150)
 
-    cluster = LocalCluster.up(name=CLUSTER, log=console.print)
-    api = cluster.api
-    core = client.CoreV1Api(api)
-    custom = client.CustomObjectsApi(api)
-    workdir = Path("/tmp/sailplan-autoscale-burst")
-    workdir.mkdir(exist_ok=True)
-    (workdir / "operator.log").unlink(missing_ok=True)
-    operator = OperatorProcess(str(cluster.kubeconfig), NAMESPACE, workdir / "operator.log")
-    karpenter = Karpenter(cluster.kubeconfig, api, workdir)
-    pools = [f"burst-{i}" for i in range(args.pools)]
-    possible = {(p, zone): args.max_nodes_per_zone * GPUS_PER_NODE for p in pools for zone in ZONES}
-    try:
-        install_crds(api)
-        manifests = [gpupool(p, args.max_nodes_per_zone) for p in pools]
-        apply(
-            api,
-            [
-                *manifests,
-                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
-            ],
-        )
-        karpenter.start(instance_types(ZONES))
-        for manifest in manifests:
-            pool = GPUPool.model_validate(
-                {"name": manifest["metadata"]["name"], "spec": manifest["spec"]}
-            )
-            karpenter.apply_node_pools(node_pools(pool, consolidate_after_s=0))
-        operator.start()
-        assert operator.process is not None
-        usage = ProcessTree(operator.process.pid)
-        poll(
-            lambda: all(
-                (
-                    custom.get_cluster_custom_object(GROUP, VERSION, "gpupools", p).get("status")
-                    or {}
-                ).get("gpusPossible")
-                for p in pools
-            ),
-            60,
-        )
+    with autoscaled_cluster(console, args, cluster_name=CLUSTER, pool_prefix="burst") as bench:
+        pools, core, custom = bench.pools, bench.core, bench.custom
+        possible = {
+            (p, zone): args.max_nodes_per_zone * GPUS_PER_NODE for p in pools for zone in ZONES
+        }
+        core, custom = bench.core, bench.custom
+        assert bench.operator.process is not None
+        usage = ProcessTree(bench.operator.process.pid)
         usage.sample()
         idle_cpu = usage.cpu_seconds
 
@@ -258,11 +218,6 @@ def main() -> None:
             cpu=usage.cpu_seconds - idle_cpu,
             rss=usage.peak_rss_mib,
         )
-    finally:
-        karpenter.stop()
-        operator.stop()
-        if not args.keep_cluster:
-            cluster.down()
 
 
 def _report(
