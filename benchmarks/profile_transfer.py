@@ -1,13 +1,17 @@
 """Which estimate to trust for a model on a GPU it was not measured on: leave-one-out.
 
 For every (model, GPU) the Sailor artifact measured, hide all its profiles and predict them
-two ways from what is left: the cross-GPU transfer (profiles.transfer: the model measured
-on another GPU, scaled per layer kind by the GPU ratio of every other model measured on
-both) and the FLOP roofline (profiles.estimate, its efficiency refitted without the hidden
-profiles). The error is |predicted - measured| / measured of one micro-batch's forward +
-backward through the whole model, averaged over the hidden grid points (TP, micro-batch).
-complete_profiles uses the transfer where it applies because its mean error here is the
-lower one; a row's '-' is a case the transfer cannot reach (no other model on that GPU).
+from what is left: the cross-GPU transfer (profiles.transfer: the model measured on another
+GPU, scaled per layer kind by the GPU ratio of every other model measured on both), the
+same-GPU rescale (profiles.rescale: the roofline scaled by what the GPU measured for other
+models of the family), their geometric mean, and the FLOP roofline (profiles.estimate), the
+roofline's calibration refitted without the hidden profiles throughout. The error is
+|predicted - measured| / measured of one micro-batch's forward + backward through the whole
+model, averaged over the hidden grid points (TP, micro-batch); a '-' is a case the method
+cannot reach. "shipped" is what complete_profiles does: the mean where both reach, else
+whichever does, else the roofline. The summary compares the methods on the points every
+one of them reaches, and the shipped chain with the transfer-else-roofline chain it
+replaced over all points.
 
     python benchmarks/profile_transfer.py [--artifact DIR]
 """
@@ -20,13 +24,15 @@ from pathlib import Path
 
 import numpy as np
 
-from sailplan.planner.catalog import CatalogError, default_catalog
+from sailplan.planner.catalog import CatalogError, GPUSpec, default_catalog
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.profiles.estimate import (
     DEFAULT_CALIBRATION,
+    Calibration,
     estimate_compute_profile,
     fit_calibration,
 )
+from sailplan.planner.profiles.rescale import combine, rescale_profile
 from sailplan.planner.profiles.sailor import import_artifact
 from sailplan.planner.profiles.transfer import transfer_profile
 from sailplan.planner.profiles.types import ComputeProfile, ProfileSet
@@ -57,16 +63,15 @@ def main() -> int:
         except CatalogError:
             continue
     cases = sorted({(p.model, p.gpu_type) for p in measured.compute if not p.oom})
+    methods = ("transfer", "rescale", "mean", "roofline", "shipped", "before")
     print()
-    header = (
-        f"{'model':<14}{'GPU':<11}{'points':>7}{'both':>5}{'transfer %':>12}{'roofline %':>12}"
-        f"{'roofline all %':>15}"
-    )
+    header = f"{'model':<14}{'GPU':<11}{'points':>7}" + "".join(f"{m + ' %':>12}" for m in methods)
     print(header)
     print("-" * len(header))
-    both_t, both_r, all_r = [], [], []
+    errors: dict[str, list[float | None]] = {m: [] for m in methods}
     for model_name, gpu in cases:
         model = models[model_name]
+        spec = catalog.gpu(gpu)
         hidden = [
             p for p in measured.compute if p.model == model_name and p.gpu_type == gpu and not p.oom
         ]
@@ -78,33 +83,52 @@ def main() -> int:
         )
         fitted = fit_calibration(rest, catalog, models)
         calibration = fitted[gpu][0] if gpu in fitted else DEFAULT_CALIBRATION
-        t_err, r_shared, r_err = [], [], []
+
+        def roofline(
+            m: ModelSpec, tp: int, mbs: int, spec: GPUSpec = spec, cal: Calibration = calibration
+        ) -> ComputeProfile:
+            return estimate_compute_profile(m, spec, tp, mbs, calibration=cal)
+
+        case: dict[str, list[float | None]] = {m: [] for m in methods}
         for truth in hidden:
             tp, mbs = truth.tensor_parallel, truth.micro_batch_size
-            roof = estimate_compute_profile(
-                model, catalog.gpu(gpu), tp, mbs, calibration=calibration
-            )
-            r_err.append(abs(total(roof) - total(truth)) / total(truth))
+            roof = roofline(model, tp, mbs)
             moved = transfer_profile(model, gpu, tp, mbs, measured=rest, models=models)
-            if moved is not None:
-                t_err.append(abs(total(moved) - total(truth)) / total(truth))
-                r_shared.append(r_err[-1])
-        all_r.append(float(np.mean(r_err)))
-        shared = "-"
-        if t_err:
-            both_t.extend(t_err)
-            both_r.extend(r_shared)
-            shared = f"{len(t_err):>5}{100 * np.mean(t_err):>12.1f}{100 * np.mean(r_shared):>12.1f}"
-        else:
-            shared = f"{0:>5}{'-':>12}{'-':>12}"
-        print(f"{model_name:<14}{gpu:<11}{len(hidden):>7}{shared}{100 * all_r[-1]:>12.1f}")
+            rescaled = rescale_profile(
+                model, gpu, tp, mbs, measured=rest, models=models, roofline=roofline
+            )
+            mean = combine(moved, rescaled) if moved and rescaled else None
+            shipped = mean or moved or rescaled or roof
+            found = {
+                "transfer": moved,
+                "rescale": rescaled,
+                "mean": mean,
+                "roofline": roof,
+                "shipped": shipped,
+                "before": moved or roof,
+            }
+            for name, estimate in found.items():
+                error = abs(total(estimate) - total(truth)) / total(truth) if estimate else None
+                case[name].append(error)
+        cells = []
+        for name in methods:
+            reached = [e for e in case[name] if e is not None]
+            cells.append(f"{100 * np.mean(reached):>12.1f}" if reached else f"{'-':>12}")
+            errors[name].extend(case[name])
+        print(f"{model_name:<14}{gpu:<11}{len(hidden):>7}" + "".join(cells))
     print()
-    print(
-        f"on the {len(both_t)} points the transfer reaches: transfer "
-        f"{100 * np.mean(both_t):.1f}%, roofline {100 * np.mean(both_r):.1f}% (mean error; "
-        f"median {100 * np.median(both_t):.1f}% and {100 * np.median(both_r):.1f}%); "
-        f"roofline over all {len(all_r)} cases {100 * np.mean(all_r):.1f}%"
-    )
+    common = [i for i in range(len(errors["roofline"])) if errors["mean"][i] is not None]
+    print(f"mean error on the {len(common)} points every method reaches (median in brackets):")
+    for name in ("transfer", "rescale", "mean", "roofline"):
+        values = [float(errors[name][i] or 0.0) for i in common]
+        print(f"  {name:<9} {100 * np.mean(values):6.1f}% ({100 * np.median(values):.1f}%)")
+    everywhere = len(errors["shipped"])
+    for name, label in (("shipped", "shipped chain"), ("before", "transfer, else roofline")):
+        values = [float(e or 0.0) for e in errors[name]]
+        print(
+            f"over all {everywhere} points, {label}: {100 * np.mean(values):.1f}% "
+            f"({100 * np.median(values):.1f}%)"
+        )
     return 0
 
 

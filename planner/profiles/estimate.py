@@ -34,6 +34,7 @@ import numpy as np
 from sailplan.planner.catalog import Catalog, CatalogError, GPUSpec
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.profiles.cleaning import monotone_in_micro_batch
+from sailplan.planner.profiles.rescale import combine, rescale_profile
 from sailplan.planner.profiles.transfer import transfer_profile
 from sailplan.planner.profiles.types import (
     LINK_CLASSES,
@@ -431,6 +432,37 @@ def anchored_estimate(
     )
 
 
+def _unmeasured_gpu_estimate(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    tp: int,
+    mbs: int,
+    *,
+    measured: ProfileSet,
+    models: dict[str, ModelSpec],
+    optimizer: str,
+) -> ComputeProfile | None:
+    """A model never measured on `gpu`: the geometric mean of its measurement on other GPUs
+    scaled by a reference model's GPU ratio (transfer.transfer_profile) and the roofline
+    scaled by what `gpu` measured for other models of its family (rescale.rescale_profile),
+    or whichever of the two reaches this point; None when neither does. Leaving each
+    artifact (model, GPU) out, the mean is the lowest-error choice
+    (benchmarks/profile_transfer.py)."""
+    moved = transfer_profile(model, gpu.name, tp, mbs, measured=measured, models=models)
+    rescaled = rescale_profile(
+        model,
+        gpu.name,
+        tp,
+        mbs,
+        measured=measured,
+        models=models,
+        roofline=lambda m, t, b: estimate_compute_profile(m, gpu, t, b, optimizer=optimizer),
+    )
+    if moved is not None and rescaled is not None:
+        return combine(moved, rescaled)
+    return moved if moved is not None else rescaled
+
+
 def complete_profiles(
     model: ModelSpec,
     gpu_types: Iterable[str],
@@ -447,11 +479,9 @@ def complete_profiles(
     (cleaning.monotone_in_micro_batch). Compute: each (GPU type, TP, micro-batch) with no
     profile for the model gets a roofline profile (TP degrees the model cannot split are
     skipped), anchored to the nearest measured point of the same GPU type when there is
-    one (anchored_estimate); with none on that GPU, the model's measurement on other GPUs
-    scaled by the GPU ratio of models measured on both (transfer.transfer_profile) where
-    one exists at that point (lower leave-one-out error than the roofline:
-    benchmarks/profile_transfer.py). Network: each link class and GPU pair without a measured (or
-    already present) profile gets a catalog default.
+    one (anchored_estimate); with none on that GPU, _unmeasured_gpu_estimate where it
+    reaches, else the bare roofline. Network: each link class and GPU pair without a
+    measured (or already present) profile gets a catalog default.
     """
     measured = monotone_in_micro_batch(measured)
     models: dict[str, ModelSpec] = {}
@@ -476,10 +506,16 @@ def complete_profiles(
                     if anchor is not None:
                         estimate = anchored_estimate(model, spec, estimate, anchor, optimizer)
                     else:
-                        moved = transfer_profile(
-                            model, gpu, tp, mbs, measured=measured, models=models
+                        elsewhere = _unmeasured_gpu_estimate(
+                            model,
+                            spec,
+                            tp,
+                            mbs,
+                            measured=measured,
+                            models=models,
+                            optimizer=optimizer,
                         )
-                        estimate = moved if moved is not None else estimate
+                        estimate = elsewhere or estimate
                     compute.append(estimate)
     network: list[NetworkProfile] = []
     for link in LINK_CLASSES:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from sailplan.planner.cli_inputs import InputError
 from sailplan.planner.cli_sources import load_profiles
 from sailplan.planner.cluster import ClusterSnapshot, Pool
 from sailplan.planner.plan import Plan, Replica, Stage
-from sailplan.planner.profiles.estimate import complete_profiles
+from sailplan.planner.profiles.estimate import complete_profiles, estimate_compute_profile
 from sailplan.planner.profiles.sailor import import_artifact
 from sailplan.planner.profiles.transfer import transfer_profile
 from sailplan.planner.profiles.types import (
@@ -153,19 +154,32 @@ def test_transfer_scales_each_layer_kind_by_the_reference_models_gpu_ratio() -> 
     assert transfer_profile(NEO, "GH200-96", 2, 1, measured=measured, models={}) is None
 
 
-def test_complete_profiles_prefers_the_transfer_to_the_roofline_on_an_unmeasured_gpu() -> None:
+def test_complete_profiles_takes_the_mean_of_the_transfer_and_the_rescale() -> None:
     ref = [0.01] + [0.1] * (OPT.num_layers - 2) + [0.4]
+    neo_a100 = [0.02] + [0.3] * (NEO.num_layers - 2) + [0.8]
     measured = ProfileSet(
         compute=(
             profile(OPT.name, "A100-40", ref),
             profile(OPT.name, "GH200-96", [t / 2 for t in ref]),
-            profile(NEO.name, "A100-40", [0.02] + [0.3] * (NEO.num_layers - 2) + [0.8]),
+            profile(NEO.name, "A100-40", neo_a100),
         )
     )
     done = complete_profiles(NEO, ["GH200-96"], [1], [1], measured=measured, catalog=CATALOG)
     found = done.compute_profile(NEO.name, "GH200-96", 1, 1)
-    assert found is not None and found.provenance.tool == "sailplan-gpu-transfer"
-    assert sum(found.forward_s) == pytest.approx((0.02 + 0.3 * 32 + 0.8) / 2)
+    assert found is not None and found.provenance.tool == "sailplan-transfer-rescale"
+    # the transfer halves Neo's A100 block (OPT-350M's GH200 / A100 ratio); the rescale
+    # takes the roofline's Neo block at the level GH200 measured for OPT-350M's blocks
+    gh200 = CATALOG.gpu("GH200-96")
+    roof_neo = estimate_compute_profile(NEO, gh200, 1, 1)
+    roof_opt = estimate_compute_profile(OPT, gh200, 1, 1)
+    level = (0.05 * (OPT.num_layers - 2)) / sum(roof_opt.forward_s[1:-1])
+    rescaled = roof_neo.forward_s[1] * level
+    assert found.forward_s[1] == pytest.approx(math.sqrt(0.15 * rescaled))
+    # one method reaching alone is used alone: no GH200 reference at TP 2 -> transfer
+    # impossible too, so the roofline
+    alone = complete_profiles(NEO, ["GH200-96"], [2], [1], measured=measured, catalog=CATALOG)
+    roof = alone.compute_profile(NEO.name, "GH200-96", 2, 1)
+    assert roof is not None and roof.provenance.tool == "sailplan-roofline"
 
 
 # -- the importer rejects a profile that cannot be its folder's model ---------------------
