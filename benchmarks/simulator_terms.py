@@ -18,7 +18,8 @@ artifact's raw files, so a difference points at one modelling choice:
   sender's share of its VM (its GPUs of the VM's GPUs: the VM's other GPUs send at the same
   time), or times the number of VMs a TP group spread over 1-GPU VMs sends from;
 - all-reduce: a ring over the stage's replicas, 2 (n - 1) / n x the gradient bytes of one
-  TP rank (llm_info params, 16-bit; every TP rank runs its own ring) per 500 MB bucket at
+  TP rank (llm_info params, 16-bit; every TP rank runs its own ring) per bucket of 5e8
+  elements of that rank (DeepSpeed counts its bucket in elements) at
   the slowest ring edge: the het
   fit between two VMs, or the intra-node fit when both replicas share a VM (replicas of
   one pool fill its VMs in order, as the plan importer assumes); NCCL's ring or tree and
@@ -47,9 +48,12 @@ from sailplan.planner.simulator import DEFAULT_CONSTANTS, PlanningContext, simul
 ARTIFACT = Path(__file__).resolve().parents[2] / "shared" / "reference" / "sailor-artifact"
 ZONE = "us-central1-a"
 # DeepSpeed's PipelineEngine, as the artifact's runs trained (blocking, partitioned sends)
-RUNTIME = dataclasses.replace(DEFAULT_CONSTANTS, blocking_p2p=True, partitioned_p2p=True)
-BUCKET_BYTES = 5e8
+RUNTIME = dataclasses.replace(
+    DEFAULT_CONSTANTS, blocking_p2p=True, partitioned_p2p=True, bucket_elements=5e8
+)
 HALF = 2
+# DeepSpeed's gradient bucket, counted in elements per rank (MEMORY_OPT_ALLREDUCE_SIZE)
+BUCKET_BYTES = 5e8 * HALF
 
 Replicas = list[tuple[str, int, int]]  # (GPU as the artifact names it, GPUs per VM, TP)
 

@@ -49,7 +49,15 @@ class SimulatorConstants:
     Model states (weights, gradients, master weights, optimizer states, buckets) and the
     gradients' dtype are not constants: they follow PlanningContext.training
     (simulator/memory.py).
-    - bucket_bytes: gradient all-reduce bucket (DeepSpeed's reduce_bucket_size, 5e8).
+    - bucket_bytes: gradient all-reduce bucket of a TP group, in bytes (5e8), used when
+      bucket_elements is 0.
+    - bucket_elements: when > 0, the runtime packs each rank's gradients into buckets of
+      this many elements, whatever their dtype, so a TP group's bucket is bucket_elements x
+      the gradient's element bytes x TP (CostModel.group_bucket_bytes). DeepSpeed's
+      PipelineEngine reduces with allreduce_gradients(bucket_size=MEMORY_OPT_ALLREDUCE_SIZE
+      = 500,000,000), whose allreduce_no_retain counts tensor.numel() against it
+      (deepspeed/runtime/engine.py): 5e8 elements, 2 GB of fp32 gradients per rank, for
+      the Sailor runs (benchmarks/simulator_accuracy.py SAILOR_RUNTIME).
     - overlap_allreduce: False = gradients are reduced after the last backward, as the
       DeepSpeed pipeline engine and Megatron without --overlap-grad-reduce do (the measured
       runs). True = buckets are reduced while the last micro-batch's backward runs and only
@@ -80,6 +88,7 @@ class SimulatorConstants:
     activation_allocator_factor: float = 1.06
     cpu_adam_params_per_s: float = 5.4e8
     bucket_bytes: float = 5e8
+    bucket_elements: float = 0.0
     overlap_allreduce: bool = False
     flash_attention: bool = False
     blocking_p2p: bool = False

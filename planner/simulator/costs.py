@@ -788,7 +788,15 @@ class CostModel:
         self, nbytes: FloatArray, layout: AllReduceLayout, tp: int
     ) -> FloatArray:
         """allreduce_seconds for many gradient sizes at once on one layout (the search's form)."""
-        return collective_allreduce_seconds(layout, nbytes, tp, self.constants.bucket_bytes)
+        return collective_allreduce_seconds(layout, nbytes, tp, self.group_bucket_bytes(tp))
+
+    def group_bucket_bytes(self, tp: int) -> float:
+        """Bytes of one all-reduce bucket of a TP group (SimulatorConstants.bucket_elements:
+        a runtime counting its bucket in elements per rank; else bucket_bytes)."""
+        elements = self.constants.bucket_elements
+        if elements > 0:
+            return elements * self.training.gradient_bytes * max(1, tp)
+        return self.constants.bucket_bytes
 
     def allreduce_last_bucket_seconds(
         self, nbytes: float, replicas: Sequence[EndpointLike], tp: int = 1
@@ -796,7 +804,7 @@ class CostModel:
         """The all-reduce of the last bucket alone (what overlapping cannot hide)."""
         if nbytes <= 0:
             return 0.0
-        bucket = self.constants.bucket_bytes
+        bucket = self.group_bucket_bytes(tp)
         last = nbytes - bucket * math.floor((nbytes - 1e-9) / bucket)
         return self.allreduce_seconds(last, replicas, tp)
 
