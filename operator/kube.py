@@ -38,11 +38,12 @@ class Kube:
         return loaded
 
     # -- reads ----------------------------------------------------------------------------
-    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+    def get_job(self, namespace: str, name: str, version: str = VERSION) -> dict[str, Any] | None:
+        """The TrainingJob as `version` shows it (the deprecated one only for migrations)."""
         try:
             return self._json(
                 self.custom.get_namespaced_custom_object(
-                    GROUP, VERSION, namespace, JOBS, name, _preload_content=False
+                    GROUP, version, namespace, JOBS, name, _preload_content=False
                 )
             )
         except ApiException as error:
@@ -245,6 +246,17 @@ class Kube:
         items = self._json(self.core.list_node(_preload_content=False)).get("items", [])
         return {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in items}
 
+    def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One ConfigMap (a job's state ConfigMap); None if there is none of that name."""
+        try:
+            return self._json(
+                self.core.read_namespaced_config_map(name, namespace, _preload_content=False)
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
     def list_profile_configmaps(self, namespace: str) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = self._json(
             self.core.list_namespaced_config_map(
@@ -319,6 +331,17 @@ class Kube:
         body: Any = obj  # the client serialises dicts as they are
         self.core.replace_namespaced_config_map(meta["name"], meta["namespace"], body)
         return False
+
+    def write_configmap(self, obj: dict[str, Any]) -> bool:
+        """Create a ConfigMap, or replace it when `obj` carries the resourceVersion it was
+        read at (the API server refuses with 409 if it changed since); False when a create
+        found one already there."""
+        meta = obj["metadata"]
+        if not meta.get("resourceVersion"):
+            return self.create(obj)
+        body: Any = obj
+        self.core.replace_namespaced_config_map(meta["name"], meta["namespace"], body)
+        return True
 
     @staticmethod
     def _unless_gone(call: Callable[..., Any], *args: Any) -> None:

@@ -28,8 +28,8 @@ from sailplan.operator.api.common import (
     Quantity,
     StatusModel,
 )
+from sailplan.operator.api.memory import JobMemory
 from sailplan.operator.replan import defaults
-from sailplan.operator.replan.state import ReplanState
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.workerenv import DEFAULT_MASTER_PORT, DEFAULT_PODINFO_DIR
 
@@ -843,20 +843,14 @@ class TrainingJobStatus(StatusModel):
     attempt: int = Field(default=0, ge=0, description="restarts of the current plan generation")
     restarts: int = Field(default=0, ge=0, description="restarts after real failures")
     preemptions: int = Field(default=0, ge=0)
-    unschedulable_inputs: str | None = Field(
-        default=None,
-        description="job generation and cluster hash of the last infeasible planning; the "
-        "planner is not asked again until one of them changes",
-    )
-    replan: ReplanState | None = Field(
-        default=None,
-        description="where replanning stands (replan.machine); the operator's memory "
-        "between passes, so a restarted operator resumes a switch where it stopped",
-    )
+    # The operator's memory between passes is not here: it lives in the job's state
+    # ConfigMap (api.memory, reconcile.memory); v1alpha1 objects kept it in status.replan
+    # and status.unschedulableInputs, which the operator migrates.
 
 
 class TrainingJob(KubeModel):
-    """A parsed TrainingJob object: identity plus spec and status."""
+    """A parsed TrainingJob object: identity, spec and status, and the operator's memory of
+    it (read from its state ConfigMap, not part of the object)."""
 
     name: str
     namespace: str
@@ -866,6 +860,7 @@ class TrainingJob(KubeModel):
     labels: dict[str, str] = Field(default_factory=dict)
     spec: TrainingJobSpec
     status: TrainingJobStatus = TrainingJobStatus()
+    memory: JobMemory = JobMemory()
 
     @model_validator(mode="after")
     def _name_fits(self) -> TrainingJob:

@@ -2,8 +2,9 @@
 
 The runtime (sailplan.operator.controller.runtime) calls `apply_outcome` after the pure
 reconcile: children first (plan ConfigMap and Service before any pod, pods in parallel
-batches), then deletions and annotations, the status as one merge patch, the decisions as
-Events, and the requeue the reconcile asked for. A worker pod the API server refuses
+batches), then deletions and annotations, the job's memory (its state ConfigMap, written
+only when the pass changed it), the status as one merge patch, the decisions as Events, and
+the requeue the reconcile asked for. A worker pod the API server refuses
 (invalid, or forbidden by admission or quota: often what spec.podTemplateOverrides asked
 for) makes Running=False with reason PodCreateFailed and the API server's message, and a
 Warning; the pass is retried a minute later. `collect_results` stores the results of
@@ -27,13 +28,14 @@ from sailplan.operator import metrics
 from sailplan.operator.api import trainingjob as job_api
 from sailplan.operator.api.common import GROUP, VERSION, Condition, set_condition
 from sailplan.operator.api.gpupool import ProvisioningRequestOptions
+from sailplan.operator.api.memory import JobMemory
 from sailplan.operator.controller.blocking import run_blocking
 from sailplan.operator.kube import Kube
 from sailplan.operator.profiling import results
 from sailplan.operator.profiling.jobs import REPORT_CONTAINER
 from sailplan.operator.profiling.status import RESULT_ERROR_ANNOTATION
 from sailplan.operator.profiling.step import Collect
-from sailplan.operator.reconcile import provisioning
+from sailplan.operator.reconcile import memory, provisioning
 from sailplan.operator.reconcile.provisioning import capacity_requests, consuming, request_state
 from sailplan.operator.reconcile.summary import KubeEvent
 from sailplan.operator.reconcile.trainingjob import Outcome, merge_patch, pods_refused
@@ -97,6 +99,8 @@ async def apply_outcome(
     raw_status: dict[str, Any],
     outcome: Outcome,
     requeue_after: Callable[[float], None],
+    # The job's memory as read (reconcile.memory); None: the pass does not touch it.
+    stored: memory.Stored | None = None,
     provisioning: Mapping[str, ProvisioningRequestOptions] | None = None,
 ) -> None:
     """Write `outcome`; `requeue_after(seconds)` when the reconcile asks to be called back.
@@ -183,6 +187,10 @@ async def apply_outcome(
                 "workloads_deleted": [f"Workload/{n}" for n in outcome.delete_workloads],
             },
         )
+    if stored is not None and outcome.memory is not None and stored.needs_write(outcome.memory):
+        # Before the status: a status that shows a step the memory does not hold yet would
+        # be repeated from the older memory after a crash, never skipped.
+        await _write_memory(kube, job, stored, outcome.memory)
     new_status = outcome.status.model_dump(mode="json", by_alias=True, exclude_none=True)
     patch = merge_patch(raw_status, new_status)
     if patch:
@@ -192,6 +200,28 @@ async def apply_outcome(
     if outcome.requeue_after is not None:
         requeue_after(outcome.requeue_after)
     metrics.RECONCILES.labels(kind=job_api.KIND, result="ok").inc()
+
+
+async def _write_memory(kube: Kube, job: JobRef, stored: memory.Stored, new: JobMemory) -> None:
+    """The job's state ConfigMap with `new`: created, or replaced at the resourceVersion it
+    was read at (a 409 fails the pass, which the queue retries from a fresh read)."""
+    body = memory.render(job.namespace, job.name, job.uid, new, stored.resource_version)
+    if not await run_blocking(kube.write_configmap, body):
+        # A ConfigMap of that name the job does not own (a user's, or an earlier job's the
+        # garbage collector has not removed yet): never overwritten.
+        log.warning(
+            "state ConfigMap exists and is not this job's; the job's memory is not kept",
+            extra={
+                "namespace": job.namespace,
+                "trainingjob": job.name,
+                "configmap": memory.state_configmap_name(job.name),
+            },
+        )
+    elif stored.legacy:
+        log.info(
+            "job memory moved from its status to its state ConfigMap",
+            extra={"namespace": job.namespace, "trainingjob": job.name},
+        )
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 
 The runtime (sailplan.operator.controller.runtime) calls these at the start of every
 reconcile pass. The job and its children are read fresh from the API server, not from a
-cache: the plan ConfigMaps and `status.replan` there are the truth about which plan is
-being rolled out. Nodes come from the Kopf index once it is filled.
+cache: the plan ConfigMaps and the job's state ConfigMap (read_memory) there are the truth
+about which plan is being rolled out. Nodes come from the Kopf index once it is filled.
 """
 
 from __future__ import annotations
@@ -15,14 +15,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from sailplan.operator.api.common import LEGACY_VERSION
 from sailplan.operator.api.gpupool import GPUPool
-from sailplan.operator.api.trainingjob import TrainingJob, TrainingJobStatus
+from sailplan.operator.api.memory import JobMemory
+from sailplan.operator.api.trainingjob import PHASE_UNSCHEDULABLE, TrainingJob, TrainingJobStatus
 from sailplan.operator.controller.blocking import run_blocking
 from sailplan.operator.kube import Kube
 from sailplan.operator.nodeagent.assignment import OPT_IN_CLOCKS, opt_in
 from sailplan.operator.profilestore import ProfileStore, parse_profile_configmaps
 from sailplan.operator.profiling.status import observed_job
-from sailplan.operator.reconcile import kueue
+from sailplan.operator.reconcile import kueue, memory
 from sailplan.operator.reconcile.nodes import NodeInfo, node_info
 from sailplan.operator.reconcile.trainingjob import Observed, observed_plan, observed_pod
 from sailplan.planner.profiles.types import ProfileSet
@@ -71,7 +73,10 @@ def spec_with_opt_in(body: Mapping[str, Any]) -> dict[str, Any]:
     return spec
 
 
-def parse_job(namespace: str, name: str, body: Mapping[str, Any]) -> ParsedJob:
+def parse_job(
+    namespace: str, name: str, body: Mapping[str, Any], memory: JobMemory | None = None
+) -> ParsedJob:
+    """The job in `body`, with the operator's `memory` of it (read_memory)."""
     metadata = body["metadata"]
     raw_status = body.get("status") or {}
     try:
@@ -89,6 +94,7 @@ def parse_job(namespace: str, name: str, body: Mapping[str, Any]) -> ParsedJob:
             labels=metadata.get("labels") or {},
             spec=spec_with_opt_in(body),
             status=old_status,
+            memory=memory or JobMemory(),
         )
     except ValidationError as error:
         # What the schema could not catch (e.g. a custom shape whose heads do not divide
@@ -106,6 +112,29 @@ def parse_job(namespace: str, name: str, body: Mapping[str, Any]) -> ParsedJob:
             invalid=f"spec.{where}: {first['msg']}",
         )
     return ParsedJob(namespace, name, uid, generation, raw_status, old_status, job)
+
+
+async def read_memory(
+    kube: Kube, namespace: str, name: str, uid: str, raw_status: Mapping[str, Any]
+) -> memory.Stored:
+    """The operator's memory of a job: its state ConfigMap; for a job an older operator ran
+    (a plan or an infeasible planning in its status, no ConfigMap yet), the v1alpha1 status
+    fields that held it, which v1beta1 does not show (reconcile.memory)."""
+    body = await run_blocking(kube.get_configmap, namespace, memory.state_configmap_name(name))
+    stored = memory.read(body, uid)
+    if stored is not None:
+        return stored
+    if raw_status.get("plan") or raw_status.get("phase") == PHASE_UNSCHEDULABLE:
+        old = await run_blocking(kube.get_job, namespace, name, LEGACY_VERSION)
+        if old is not None and (old.get("metadata") or {}).get("uid") == uid:
+            legacy = memory.legacy(old.get("status") or {})
+            if not legacy.memory.is_empty():
+                log.info(
+                    "moving the job's memory from its status to its state ConfigMap",
+                    extra={"namespace": namespace, "trainingjob": name},
+                )
+                return legacy
+    return memory.Stored(JobMemory())
 
 
 async def read_pools(kube: Kube) -> tuple[GPUPool, ...]:

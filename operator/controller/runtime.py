@@ -34,6 +34,7 @@ from sailplan.operator.controller.observation import (
     observe,
     parse_job,
     parse_pool,
+    read_memory,
     read_nodes,
     read_profiles,
 )
@@ -288,7 +289,13 @@ class Runtime:
             self.forget_job(key)
             return
         now = _now()
-        parsed = parse_job(namespace, name, body)
+        # The operator's memory of the job (its state ConfigMap): part of what the pure
+        # reconcile reads, written back by apply_outcome when the pass changed it.
+        metadata = body.get("metadata") or {}
+        stored = await read_memory(
+            self.kube, namespace, name, str(metadata.get("uid", "")), body.get("status") or {}
+        )
+        parsed = parse_job(namespace, name, body, stored.memory)
         ref = JobRef(namespace, name, parsed.uid)
         if parsed.job is None:
             status = invalid_status(
@@ -364,6 +371,7 @@ class Runtime:
                 raw_status=parsed.raw_status,
                 outcome=outcome,
                 requeue_after=self._requeue_later(key),
+                stored=stored,
                 provisioning={
                     pool.name: pool.spec.autoscaling.provisioning_request
                     for pool in observed.pools

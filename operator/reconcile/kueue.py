@@ -245,9 +245,9 @@ def evicted(
     """The current generation's Workload when it lost its admission while workers of that
     generation are alive (`live_pods`: their generations): those were started under the
     admission, so Kueue evicted or preempted the job, which must stop as if suspended."""
-    if not queue_of(job) or not workloads or job.status.replan is None:
+    if not queue_of(job) or not workloads or job.memory.replan is None:
         return None
-    generation = job.status.replan.generation
+    generation = job.memory.replan.generation
     current = next((w for w in workloads if w.generation == generation), None)
     if current is None or current.admitted or current.deleting:
         return None

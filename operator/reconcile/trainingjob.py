@@ -5,14 +5,16 @@ job's plan ConfigMaps and worker pods (all as stored in the cluster) and returns
 create, delete and annotate, the job's new status and the Events to record.
 
 The first pass plans and starts generation 1. Every later pass hands the pods and the
-cluster to the replan state machine (replan.machine), whose state lives in
-`status.replan`: it tells preemptions from real failures (only the latter spend
-spec.failure.maxRestarts, after a backoff), replans at once onto what remains when capacity
-is lost, waits when nothing fits, and switches voluntarily (checkpoint first, then new pods)
-when new capacity, prices or the objective make another plan worth its restart cost. The
-current plan is the one of `status.replan.generation`, not the newest ConfigMap, so a
-switch the operator was interrupted in is resumed, never half-adopted. A job whose status
-lost its replan state adopts the newest plan ConfigMap and recreates only the missing pods.
+cluster to the replan state machine (replan.machine), whose state is part of the
+operator's memory of the job (`job.memory`, read from its state ConfigMap; the pass returns
+the new memory as `Outcome.memory`: reconcile.memory): it tells preemptions from real
+failures (only the latter spend spec.failure.maxRestarts, after a backoff), replans at once
+onto what remains when capacity is lost, waits when nothing fits, and switches voluntarily
+(checkpoint first, then new pods) when new capacity, prices or the objective make another
+plan worth its restart cost. The current plan is the one of the memory's replan
+generation, not the newest ConfigMap, so a switch the operator was interrupted in is
+resumed, never half-adopted. A job whose memory lost its replan state adopts the newest
+plan ConfigMap and recreates only the missing pods.
 
 The batch fields come first: a job whose spec.managedBy names another controller is left
 alone (Outcome.managed False: nothing is written); a finished job only waits for
@@ -38,6 +40,7 @@ from typing import Any
 from sailplan.operator.api import trainingjob as api
 from sailplan.operator.api.common import Condition, find_condition, set_condition
 from sailplan.operator.api.gpupool import GPU_TYPE_RESOLVED, REASON_UNKNOWN_GPU_TYPE, GPUPool
+from sailplan.operator.api.memory import JobMemory
 from sailplan.operator.api.trainingjob import (
     PlanHistoryEntry,
     PlanSummary,
@@ -177,6 +180,9 @@ class Outcome:
     managed: bool = True
     # Kueue Workloads of earlier plan generations or of a finished job (reconcile.kueue).
     delete_workloads: tuple[str, ...] = ()
+    # The operator's memory of the job after this pass (its state ConfigMap); None leaves
+    # it as stored.
+    memory: JobMemory | None = None
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -286,7 +292,9 @@ def _finish(
     delete: list[str] | None = None,
     extra_events: list[KubeEvent] | None = None,
     plan_result: str | None = None,
+    memory: JobMemory | None = None,
 ) -> Outcome:
+    """The pass's outcome; `memory` unset keeps the job's memory as it was."""
     events = _condition_events(observed.job.status, status) + (extra_events or [])
     return Outcome(
         status=status,
@@ -294,6 +302,7 @@ def _finish(
         delete_pods=tuple(delete or ()),
         events=tuple(events),
         plan_result=plan_result,
+        memory=memory if memory is not None else observed.job.memory,
     )
 
 
@@ -353,7 +362,8 @@ def _admitted(observed: Observed, outcome: Outcome, now: datetime) -> Outcome:
     if not kueue.queue_of(job) or not outcome.managed or outcome.delete_job:
         return outcome
     status = outcome.status
-    generation = status.replan.generation if status.replan is not None else None
+    replan = outcome.memory.replan if outcome.memory is not None else None
+    generation = replan.generation if replan is not None else None
     plans = {p.generation: p.plan for p in observed.plans}
     for obj in outcome.create:
         made = observed_plan(obj) if obj["kind"] == "ConfigMap" else None
@@ -503,17 +513,19 @@ def _active(
     # Generations of stale plans still count, so new names never collide with them.
     taken = tuple(p.generation for p in observed.plans)
     observed = _mine(observed)
-    if job.spec.suspend and not observed.plans and status.replan is None:
+    replan = job.memory.replan
+    if job.spec.suspend and not observed.plans and replan is None:
         # Never planned (created suspended, or suspended before its first plan): no plan,
         # no profiling Jobs, nothing reserved until spec.suspend is false.
         return _with_planning(_suspended_unplanned(observed, status, now), None, now)
     profiling = _profiling(observed, model, status)
     asked = _AskedPlanner(planner)
-    if not observed.plans and status.replan is None:
+    if not observed.plans and replan is None:
         outcome = _plan(observed, model, status, asked, now, taken=taken, profiling=profiling)
-    elif status.replan is not None and not observed.plans and not status.replan.target_plan:
+    elif replan is not None and not observed.plans and not replan.target_plan:
         # The plan ConfigMaps were deleted under a running job: start over from a new plan.
-        status = status.model_copy(update={"replan": None})
+        forgot = job.model_copy(update={"memory": job.memory.model_copy(update={"replan": None})})
+        observed = replace(observed, job=forgot)
         outcome = _plan(observed, model, status, asked, now, taken=taken, profiling=profiling)
     else:
         outcome = _run(
@@ -637,10 +649,11 @@ def _unschedulable(
     now: datetime,
     *,
     plan_result: str | None = None,
+    memory: JobMemory | None = None,
 ) -> Outcome:
     facts = Facts(observed.job.generation, unschedulable=Problem(reason, message))
     status = _concluded(status.model_copy(update={"phase": api.PHASE_UNSCHEDULABLE}), facts, now)
-    return _finish(observed, status, plan_result=plan_result)
+    return _finish(observed, status, plan_result=plan_result, memory=memory)
 
 
 def _plan(
@@ -697,7 +710,7 @@ def _plan(
     # An infeasible answer stands until the job or the cluster changes: the search is too
     # expensive to repeat on every resync.
     inputs = f"{job.generation}:{snapshot.content_hash()}"
-    if status.phase == api.PHASE_UNSCHEDULABLE and status.unschedulable_inputs == inputs:
+    if status.phase == api.PHASE_UNSCHEDULABLE and job.memory.unschedulable_inputs == inputs:
         return _finish(observed, _concluded(status, Facts(generation), now))
 
     result = planner(plan_request(job, model, snapshot), observed.measured)
@@ -719,8 +732,10 @@ def _plan(
             if isinstance(result, Infeasible)
             else (api.REASON_SEARCH_FAILED, result.message)
         )
-        status = status.model_copy(update={"unschedulable_inputs": inputs})
-        return _unschedulable(observed, status, code, reason, now, plan_result="infeasible")
+        memory = job.memory.model_copy(update={"unschedulable_inputs": inputs})
+        return _unschedulable(
+            observed, status, code, reason, now, plan_result="infeasible", memory=memory
+        )
 
     plan = result.best.model_copy(update={"reason": "initial plan"})
     estimated = plan.inputs.estimated
@@ -759,18 +774,19 @@ def _plan(
             "plan": summary,
             "history": history,
             "attempt": 0,
-            "unschedulable_inputs": None,
             "workers": WorkerCounts(desired=len(children.pods), pending=len(children.pods)),
-            "replan": machine.initial_state(
-                job, plan_generation, 0, plan, cluster=judged_cluster, measured=judged_measured
-            ),
         }
+    )
+    memory = JobMemory(
+        replan=machine.initial_state(
+            job, plan_generation, 0, plan, cluster=judged_cluster, measured=judged_measured
+        )
     )
     facts = Facts(
         generation,
         estimated_profiles=estimated,
         plan=CurrentPlan(plan_generation, summary.summary, api.REASON_PLAN_CREATED),
-        replan=status.replan,
+        replan=memory.replan,
         workers=status.workers,
     )
     status = _concluded(status, facts, now)
@@ -785,7 +801,14 @@ def _plan(
         ),
         *_ignored_event(children),
     ]
-    return _finish(observed, status, create=create, extra_events=events, plan_result="planned")
+    return _finish(
+        observed,
+        status,
+        create=create,
+        extra_events=events,
+        plan_result="planned",
+        memory=memory,
+    )
 
 
 def _awaiting_profiles(
@@ -938,7 +961,7 @@ def _run(
     cluster = triggers.capacity_snapshot(selected, workers, observed.nodes)
     plans = {p.generation: p.plan for p in observed.plans}
     adopted = False
-    state = status.replan
+    state = job.memory.replan
     if state is None:
         booted = _bootstrap(observed, cluster, status)
         if booted is None:  # unreachable: reconcile plans afresh when there is neither
@@ -1042,12 +1065,16 @@ def _run(
             "preemptions": status.preemptions + done.preemptions,
             "workers": counts,
             "progress": progress,
-            "replan": state,
         }
     )
     status = _concluded(status, facts, now)
     outcome = _finish(
-        observed, status, create=done.create, delete=done.delete, extra_events=done.events
+        observed,
+        status,
+        create=done.create,
+        delete=done.delete,
+        extra_events=done.events,
+        memory=job.memory.model_copy(update={"replan": state}),
     )
     return replace(
         outcome,

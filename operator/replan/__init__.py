@@ -3,7 +3,7 @@
 - triggers: what changed (preemption vs real failure vs node loss, capacity, prices, spec)
 - cost: restart cost and the gain a switch must beat
 - decision: keep, switch (to which plan) or wait
-- state: ReplanState, stored with the job between passes
+- state: ReplanState, kept in the job's state ConfigMap between passes (reconcile.memory)
 - machine: next_state(state, inputs, now, context) -> (state, actions)
 
 How to call this from the TrainingJob reconcile (once a plan generation exists):
@@ -15,10 +15,11 @@ How to call this from the TrainingJob reconcile (once a plan generation exists):
         pods=tuple(pods), nodes=<NodeInfo by name>, measured=observed.measured,
         cluster=triggers.capacity_snapshot(selected, pods, nodes),
     )
-    state = job.status.replan or machine.initial_state(job, gen, attempt, plan,
+    state = job.memory.replan or machine.initial_state(job, gen, attempt, plan,
     #                                      cluster=<snapshot planned on>, measured=...)
     state, actions = machine.next_state(state, inputs, now, ReplanContext(make_plan, catalog))
-    # 1. patch status: replan state, history (RecordHistory -> machine.history_entry),
+    # 1. memory.replan = state (the state ConfigMap); status: history
+    #    (RecordHistory -> machine.history_entry),
     #    condition machine.replanning_condition(state, job.generation), phase Replanning
     #    while state.phase is Draining/Switching/Waiting;
     # 2. perform the actions (annotate, delete, create with 409 = done, Events).

@@ -3,10 +3,12 @@
 A planned switch takes several passes (ask for a checkpoint, wait, delete, create), and the
 operator may restart between any two of them. Everything the state machine
 (replan.machine.next_state) needs to pick up where it stopped lives in this one model,
-stored in the TrainingJob's `status.replan` field (TrainingJobStatus.replan).
+kept in the operator's memory of the job (api.memory.JobMemory.replan), which lives in the
+job's state ConfigMap (reconcile.memory); objects of older operators kept it in
+`status.replan`, which the operator migrates.
 
-Read by replan.machine; written back by the TrainingJob reconcile together with the rest of
-the status, in one patch. to_annotation / from_annotation are its JSON text form (the tests'
+Read by replan.machine; returned by the TrainingJob reconcile as part of Outcome.memory,
+which the handler writes at most once per pass. to_annotation / from_annotation are its JSON text form (the tests'
 serialize/parse round trip); STATE_ANNOTATION is the annotation key an early version used.
 """
 
@@ -21,7 +23,8 @@ from sailplan.operator.api.common import GROUP, StatusModel
 from sailplan.planner.cluster import ClusterSnapshot
 from sailplan.planner.plan import Plan
 
-# The annotation an early version kept the state in; the state now lives in status.replan.
+# The annotation an early version kept the state in (then status.replan, now the state
+# ConfigMap).
 STATE_ANNOTATION: Final = f"{GROUP}/replan-state"
 
 ReplanPhase = Literal["Running", "Draining", "Switching", "Waiting", "Suspended", "Failed"]

@@ -28,7 +28,7 @@ from waiting import wait_for
 
 from sailplan.operator.api.common import GROUP, VERSION
 from sailplan.operator.api.trainingjob import CustomModel, TrainingJob
-from sailplan.operator.reconcile import naming
+from sailplan.operator.reconcile import memory, naming
 from sailplan.operator.reconcile.children import trainer_config
 from sailplan.planner.plan import Plan, Replica, Stage
 from sailplan_dev.localcluster.podrunner import PodRunner
@@ -127,6 +127,19 @@ class Cluster:
         )
         status: dict[str, Any] = got.get("status") or {}
         return status
+
+    def memory(self) -> dict[str, Any]:
+        """The operator's memory of the job: its state ConfigMap (reconcile.memory)."""
+        try:
+            found = self.core.read_namespaced_config_map(
+                memory.state_configmap_name(JOB), self.namespace
+            )
+        except client.ApiException as error:
+            if error.status == 404:
+                return {}
+            raise
+        loaded: dict[str, Any] = json.loads((found.data or {}).get(memory.STATE_KEY) or "{}")
+        return loaded
 
     def pods(self, generation: int | None = None) -> list[Any]:
         selector = f"{naming.LABEL_JOB}={JOB},{naming.LABEL_ROLE}={naming.ROLE_WORKER}"

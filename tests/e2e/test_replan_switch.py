@@ -73,21 +73,22 @@ def test_added_node_worth_it_switches_through_a_checkpoint(
 def test_operator_killed_during_a_switch_converges_to_one_plan(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    """SIGKILL the operator the moment its status says a switch is under way (Draining or
+    """SIGKILL the operator the moment its memory says a switch is under way (Draining or
     Switching: the checkpoint was requested, the old pods may or may not be gone), start it
-    again: it resumes the switch from status.replan instead of planning anew, so the job
-    ends on generation 2 alone -- no generation 3, no pod of generation 1 left, one pod per
-    worker of the plan -- and the loss curve still continues from the switch checkpoint."""
+    again: it resumes the switch from the job's state ConfigMap instead of planning anew, so
+    the job ends on generation 2 alone -- no generation 3, no pod of generation 1 left, one
+    pod per worker of the plan -- and the loss curve still continues from the switch
+    checkpoint."""
     spec, old_log = _running_on_a_v100(cluster)
     cluster.add_node(A100)
 
     def switching() -> bool:
-        replan = cluster.status().get("replan") or {}
+        replan = cluster.memory().get("replan") or {}
         return replan.get("phase") in ("Draining", "Switching") or replan.get("generation") == 2
 
     wait_for("the switch to start", switching, 30, cluster.explain)
     cluster.operator.kill()
-    phase_at_kill = (cluster.status().get("replan") or {}).get("phase")
+    phase_at_kill = (cluster.memory().get("replan") or {}).get("phase")
     time.sleep(2.0)  # the old worker finishes its checkpoint while no operator runs
     cluster.operator.start()
 

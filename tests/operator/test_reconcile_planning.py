@@ -136,7 +136,7 @@ def test_a_replan_search_leaves_the_running_generation_alone(
     )
     assert len(searching.requests) == 1
     assert outcome.create == () and outcome.delete_pods == () and outcome.annotate_pods == ()
-    assert outcome.status.replan == job.status.replan  # no decision taken yet
+    assert outcome.memory == job.memory  # no decision taken yet
     assert outcome.status.plan == job.status.plan
     assert (planning(outcome.status).status, planning(outcome.status).reason) == (
         "True",
@@ -216,7 +216,7 @@ def test_a_new_job_starts_on_the_interim_plan_judged_against_what_it_was_made_fr
     # The exact search still runs, and says so; the replan machine compares the cluster
     # with the snapshot the plan was made from, so the capacity added since is a trigger.
     assert planning(outcome.status).reason == "Searching"
-    state = outcome.status.replan
+    state = outcome.memory.replan
     assert state is not None
     assert state.evaluated_cluster == MADE_FROM
     assert state.evaluated_cluster_hash == MADE_FROM.content_hash()
@@ -237,7 +237,7 @@ def test_new_capacity_waits_for_the_exact_answer_not_the_interim_plan(
     assert len(interim.requests) == 1  # the new capacity asked for a plan
     # A voluntary change is not judged on a plan made from other inputs: no decision yet,
     # so the trigger asks again when the exact search ends.
-    assert outcome.status.replan == job.status.replan
+    assert outcome.memory == job.memory
     assert outcome.create == () and outcome.delete_pods == ()
 
 
@@ -256,6 +256,6 @@ def test_lost_capacity_switches_to_the_interim_plan_at_once(
         NOW,
     )
     assert outcome.status.phase == "Replanning"
-    state = outcome.status.replan
+    state = outcome.memory.replan
     assert state is not None and state.target_generation == 2
     assert state.evaluated_cluster == MADE_FROM

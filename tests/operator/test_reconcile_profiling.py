@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from operator_builders import JOB_SPEC, RecordingPlanner, make_plan, pool
+from test_reconcile_trainingjob import with_status
 
 from sailplan.operator.api.common import find_condition
 from sailplan.operator.api.gpupool import GPUPool
@@ -136,7 +137,7 @@ def test_required_launches_a_job_per_missing_profile_and_does_not_plan(
     assert [e.reason for e in outcome.events] == ["ProfilingStarted"]
 
     # Next pass, Jobs running: nothing is created twice, still no plan.
-    job = job.model_copy(update={"status": outcome.status})
+    job = with_status(job, outcome)
     again = reconcile(
         Observed(job=job, pools=pools, profiling_jobs=as_observed_jobs(outcome.create)),
         never,
@@ -153,7 +154,7 @@ def test_succeeded_jobs_are_collected_then_the_job_plans_with_measured_profiles(
 ) -> None:
     job = job_with(make_job, "Required")
     first = reconcile(Observed(job=job, pools=pools), never, catalog, NOW)
-    job = job.model_copy(update={"status": first.status})
+    job = with_status(job, first)
     done = as_observed_jobs(first.create, "Complete")
     collected = reconcile(Observed(job=job, pools=pools, profiling_jobs=done), never, catalog, NOW)
     needs = needs_of(job, pools, catalog)
@@ -166,7 +167,7 @@ def test_succeeded_jobs_are_collected_then_the_job_plans_with_measured_profiles(
     assert collected.create == ()
 
     # The handler stored the results: the job plans, from measured profiles only.
-    job = job.model_copy(update={"status": collected.status})
+    job = with_status(job, collected)
     planner = RecordingPlanner(Planned(best=make_plan(catalog)))
     measured = measured_for(needs)
     planned = reconcile(
@@ -189,7 +190,7 @@ def test_a_failed_profiling_job_stops_required_with_its_reason_and_a_way_out(
 ) -> None:
     job = job_with(make_job, "Required")
     first = reconcile(Observed(job=job, pools=pools), never, catalog, NOW)
-    job = job.model_copy(update={"status": first.status})
+    job = with_status(job, first)
     jobs = list(as_observed_jobs(first.create, "Complete"))
     broken = jobs[0]
     jobs[0] = dataclasses.replace(
@@ -210,7 +211,7 @@ def test_a_failed_profiling_job_stops_required_with_its_reason_and_a_way_out(
     assert [e.reason for e in outcome.events] == ["ProfilingFailed"]
     assert all(c.need.key not in message for c in outcome.collect)
     # Failed needs are not relaunched by themselves, and the Warning is not repeated.
-    job = job.model_copy(update={"status": outcome.status})
+    job = with_status(job, outcome)
     again = reconcile(
         Observed(job=job, pools=pools, profiling_jobs=tuple(jobs)), never, catalog, NOW
     )
@@ -357,7 +358,7 @@ def test_auto_plans_a_pool_at_zero_nodes_with_estimates_and_profiles_it_once_a_n
     assert (state, reason) == ("False", "Estimated") and "A100-40" in message
 
     # A node of the pool is Ready (the autoscaler added it): the next pass profiles it.
-    job = job.model_copy(update={"status": outcome.status})
+    job = with_status(job, outcome)
     ready = zero_node_pools(ready_a100=1)
     again = reconcile(
         Observed(job=job, pools=ready, profiling_jobs=as_observed_jobs(outcome.create)),

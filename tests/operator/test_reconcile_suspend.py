@@ -45,7 +45,7 @@ def test_a_job_created_suspended_never_plans_until_resumed(
     assert status.phase == "Suspended"
     assert _reason(status, "Suspended") == ("True", "JobSuspended")
     assert _reason(status, "Planned") == ("False", "Suspended")
-    assert status.plan is None and status.replan is None
+    assert status.plan is None and outcome.memory is not None and outcome.memory.replan is None
     assert [e.reason for e in outcome.events] == ["Suspended"]
     # Kueue admits it: spec.suspend false plans and starts the workers.
     job = _edit(with_status(job, outcome), suspend=False)

@@ -39,7 +39,11 @@ def refuse(request: PlanRequest, measured: ProfileSet) -> PlanResult:
 
 
 def with_status(job: TrainingJob, outcome: Outcome) -> TrainingJob:
-    return job.model_copy(update={"status": outcome.status})
+    """The job as the next pass reads it: the status and the memory the pass wrote."""
+    update: dict[str, Any] = {"status": outcome.status}
+    if outcome.memory is not None:
+        update["memory"] = outcome.memory
+    return job.model_copy(update=update)
 
 
 def observe(
@@ -305,8 +309,8 @@ def test_preemption_replans_at_once_without_using_a_restart(
     # Lost capacity is replanned for at once (no backoff): a new generation, the old pods go.
     assert len(planner.requests) == 2
     assert outcome.status.phase == "Replanning"
-    assert outcome.status.replan is not None
-    assert outcome.status.replan.target_generation == 2
+    assert outcome.memory.replan is not None
+    assert outcome.memory.replan.target_generation == 2
     # Every pod of the old generation goes, the preempted one included: two generations
     # never run side by side.
     assert outcome.delete_pods == tuple(f"opt-g1-a0-w{i}" for i in range(4))
@@ -563,7 +567,7 @@ def test_no_capacity_left_waits_with_the_reason_and_resumes_when_it_returns(
     assert still.status.phase == "Unschedulable" and still.create == ()
     # Capacity returns: a new generation starts by itself.
     resumed = reconcile(observe(with_status(job, still), pools, kept), planner, catalog, NOW)
-    assert resumed.status.replan is not None and resumed.status.replan.generation == 2
+    assert resumed.memory.replan is not None and resumed.memory.replan.generation == 2
     assert [o["metadata"]["name"] for o in resumed.create if o["kind"] == "Pod"] == [
         f"opt-g2-a0-w{i}" for i in range(4)
     ]

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from operator_builders import JOB_SPEC
 from pydantic import ValidationError
+from test_reconcile_trainingjob import with_status
 
 from sailplan.operator.api.gpupool import GPUPool
 from sailplan.operator.api.trainingjob import TrainingJob
@@ -123,7 +124,7 @@ def test_reconcile_schedules_a_restart_after_the_jobs_backoff(
 
     job = make_job(JOB_SPEC | {"failure": {"backoffSeconds": 45}})
     first = reconcile(Observed(job=job, pools=pools), planner, catalog, NOW)
-    job = job.model_copy(update={"status": first.status})
+    job = with_status(job, first)
     created = list(first.create)
     plans = tuple(p for o in created if o["kind"] == "ConfigMap" if (p := observed_plan(o)))
     workers = []
@@ -137,5 +138,5 @@ def test_reconcile_schedules_a_restart_after_the_jobs_backoff(
     # The first restart waits the job's base (the operator default would be 10 s).
     assert failed.status.restarts == 1
     assert failed.requeue_after == 45.0
-    assert failed.status.replan is not None and failed.status.replan.not_before is not None
-    assert (failed.status.replan.not_before - NOW).total_seconds() == 45.0
+    assert failed.memory.replan is not None and failed.memory.replan.not_before is not None
+    assert (failed.memory.replan.not_before - NOW).total_seconds() == 45.0
