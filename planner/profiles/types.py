@@ -85,12 +85,50 @@ class ComputeProfile(BaseModel):
         return f"compute/{self.model}/{self.gpu_type}/tp{self.tensor_parallel}/mbs{self.micro_batch_size}"
 
 
+def _small_message_knee(c0: float, c1: float, c2: float) -> float:
+    """log2(MB) below which a bandwidth fit would make smaller messages take longer.
+
+    The transfer time 2^x / bw(x) grows with the message while ln 2 x bw(x) > bw'(x) (and
+    bw > 0). A degree-2 fit in log2(MB) bends down at small messages, below what was
+    measured, until that fails: a 10 KB message on the artifact's Titan-RTX VM fit would
+    take 145x a 45 KB one (the fit reaches 0 and the lower clamp, 1 MB/s). A transfer never
+    takes longer for fewer bytes, so below the largest point under 1 MB where it fails the
+    time stays at that point's (a latency floor). -inf where the fit never fails there (flat
+    or rising curves), and where it misbehaves at 1 MB itself (left as it is).
+    """
+    ln2 = math.log(2.0)
+
+    def bandwidth(x: float) -> float:
+        return c0 * x * x + c1 * x + c2
+
+    def rising(x: float) -> bool:
+        return bandwidth(x) > 0 and ln2 * bandwidth(x) - (2 * c0 * x + c1) > 0
+
+    if not rising(0.0):
+        return -math.inf
+    roots: list[float] = []
+    # ln2 bw(x) - bw'(x) = 0 and bw(x) = 0, each a quadratic (or lower) in x
+    for a, b, c in ((ln2 * c0, ln2 * c1 - 2 * c0, ln2 * c2 - c1), (c0, c1, c2)):
+        if a != 0:
+            disc = b * b - 4 * a * c
+            if disc >= 0:
+                root = math.sqrt(disc)
+                roots += [(-b - root) / (2 * a), (-b + root) / (2 * a)]
+        elif b != 0:
+            roots.append(-c / b)
+    below = [r for r in roots if r < 0.0]
+    knee = max(below, default=-math.inf)
+    return knee if knee == -math.inf or bandwidth(knee) > 0 else -math.inf
+
+
 class BandwidthCurve(BaseModel):
     """Achieved bandwidth against message size.
 
     bandwidth_GBps(x) = c0*x^2 + c1*x + c2 with x = log2(message MB), clamped to
     [min_bytes_per_s, max_bytes_per_s]; the Sailor artifact's fit, so imported curves keep
-    their meaning. The lower clamp keeps a badly extrapolated fit from going to zero.
+    their meaning. Below `small_message_knee` (where the fit would make a smaller message
+    take longer) the transfer time stays at the knee's: the rate falls in proportion to the
+    message. The lower clamp keeps a badly extrapolated fit from going to zero.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -100,12 +138,19 @@ class BandwidthCurve(BaseModel):
     min_bytes_per_s: float = Field(default=1e6, gt=0)
     latency_s: float = Field(default=0.0, ge=0)
 
+    @cached_property
+    def small_message_knee(self) -> float:
+        """log2(MB) below which the time is held (_small_message_knee); -inf for none."""
+        return _small_message_knee(*self.coefficients)
+
     def bytes_per_second(self, message_bytes: float) -> float:
         if message_bytes <= 0:
             return self.max_bytes_per_s
         x = math.log2(message_bytes / 1e6)
+        knee = self.small_message_knee
+        fit = max(x, knee)
         c0, c1, c2 = self.coefficients
-        gbps = c0 * x * x + c1 * x + c2
+        gbps: float = (c0 * fit * fit + c1 * fit + c2) * math.pow(2.0, min(x - knee, 0.0))
         return min(max(gbps * 1e9, self.min_bytes_per_s), self.max_bytes_per_s)
 
     def transfer_seconds(self, message_bytes: float) -> float:

@@ -89,8 +89,10 @@ def _rate(curve: BandwidthCurve, message_bytes: FloatArray) -> FloatArray:
     """Bytes/s of `curve` at each message size (the curve's clamps applied)."""
     safe = np.maximum(message_bytes, 1.0)
     x = np.log2(safe / 1e6)
+    knee = curve.small_message_knee  # below it the time stays the knee's (BandwidthCurve)
+    fit = np.maximum(x, knee)
     c0, c1, c2 = curve.coefficients
-    gbps = c0 * x * x + c1 * x + c2
+    gbps = (c0 * fit * fit + c1 * fit + c2) * np.exp2(np.minimum(x - knee, 0.0))
     rate: FloatArray = np.clip(gbps * 1e9, curve.min_bytes_per_s, curve.max_bytes_per_s)
     return rate
 

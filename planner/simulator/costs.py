@@ -175,8 +175,11 @@ def transfer_seconds_array(curve: BandwidthCurve, nbytes: FloatArray) -> FloatAr
     positive = sizes > 0
     safe = np.where(positive, sizes, 1.0)
     x = np.log2(safe / 1e6)
+    knee = curve.small_message_knee  # below it the time stays the knee's (BandwidthCurve)
+    fit = np.maximum(x, knee)
     c0, c1, c2 = curve.coefficients
-    rate = np.clip((c0 * x * x + c1 * x + c2) * 1e9, curve.min_bytes_per_s, curve.max_bytes_per_s)
+    gbps = (c0 * fit * fit + c1 * fit + c2) * np.exp2(np.minimum(x - knee, 0.0))
+    rate = np.clip(gbps * 1e9, curve.min_bytes_per_s, curve.max_bytes_per_s)
     seconds: FloatArray = np.where(positive, curve.latency_s + safe / rate, 0.0)
     return seconds
 
