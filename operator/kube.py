@@ -302,6 +302,47 @@ class Kube:
             name,
         )
 
+    # -- storage-version migration (controller.storage) ------------------------------------
+    def get_crd(self, name: str) -> dict[str, Any] | None:
+        try:
+            return self._json(
+                client.ApiextensionsV1Api(self.api_client).read_custom_resource_definition(
+                    name, _preload_content=False
+                )
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def set_stored_versions(self, name: str, versions: list[str]) -> None:
+        """The CRD's status.storedVersions, once no object is stored at another version."""
+        client.ApiextensionsV1Api(self.api_client).patch_custom_resource_definition_status(
+            name, {"status": {"storedVersions": versions}}
+        )
+
+    def list_objects(self, plural: str, version: str = VERSION) -> list[dict[str, Any]]:
+        """Every GPUPool or TrainingJob (all namespaces) as `version` shows it."""
+        body = self._json(
+            self.custom.list_cluster_custom_object(GROUP, version, plural, _preload_content=False)
+        )
+        items: list[dict[str, Any]] = body.get("items", [])
+        return items
+
+    def replace_object(self, plural: str, body: dict[str, Any]) -> None:
+        """PUT an object back as read (at its resourceVersion: 409 if it changed since), so
+        the API server stores it again, encoded at the storage version."""
+        metadata = body["metadata"]
+        namespace = metadata.get("namespace")
+        if namespace:
+            self.custom.replace_namespaced_custom_object(
+                GROUP, VERSION, namespace, plural, metadata["name"], body
+            )
+        else:
+            self.custom.replace_cluster_custom_object(
+                GROUP, VERSION, plural, metadata["name"], body
+            )
+
     # -- writes ---------------------------------------------------------------------------
     def create(self, obj: dict[str, Any]) -> bool:
         """Create a namespaced ConfigMap, Service, Pod, Job, PodTemplate or Kueue Workload;

@@ -29,6 +29,7 @@ from sailplan.operator import metrics
 from sailplan.operator.api import gpupool as pool_api
 from sailplan.operator.api import trainingjob as job_api
 from sailplan.operator.api.common import GROUP, VERSION
+from sailplan.operator.controller import storage
 from sailplan.operator.controller.config import OperatorConfig
 from sailplan.operator.controller.runtime import Runtime
 from sailplan.operator.controller.supervision import register_liveness_probe
@@ -114,6 +115,9 @@ def build_registry(config: OperatorConfig, api_client: client.ApiClient) -> kopf
             metrics.serve(config.metrics_port)
         # Before Kopf discovers resources (it does after startup): the same answer.
         await runtime.discover_capacity_requests()
+        # Objects stored at v1alpha1 rewritten at v1beta1 (their memory moved first), before
+        # any pass writes them (controller.storage); quick when there is nothing to do.
+        await storage.migrate(runtime.kube)
 
     @kopf.on.cleanup(id="cleanup", registry=registry)
     async def cleanup(**_: Any) -> None:
