@@ -98,6 +98,8 @@ class ProvisioningRequestOptions(KubeModel):
         default="queued-provisioning.gke.io",
         min_length=1,
         max_length=253,
+        # The ProvisioningRequest CRD's own rule: refused here rather than at each request.
+        pattern=DNS1123_SUBDOMAIN,
         description="provisioningClassName: queued-provisioning.gke.io (GKE DWS), "
         "best-effort-atomic-scale-up.autoscaling.x-k8s.io or "
         "check-capacity.autoscaling.x-k8s.io (cluster autoscaler)",
@@ -106,6 +108,15 @@ class ProvisioningRequestOptions(KubeModel):
         default_factory=dict,
         max_length=64,
         description="spec.parameters of the request (e.g. maxRunDurationSeconds on GKE)",
+    )
+    acceptance_timeout_seconds: int = Field(
+        default=120,
+        ge=10,
+        le=3600,
+        description="a request still without any condition this many seconds after it was "
+        "created, while no request of its class has one, is of a class no autoscaler "
+        "serves: its zone is backed off and the job replans (the cluster autoscaler marks "
+        "one request Accepted per loop, every 10 s: 120 s is 12 loops)",
     )
 
 

@@ -36,7 +36,13 @@ from sailplan.operator.profiling.jobs import REPORT_CONTAINER
 from sailplan.operator.profiling.status import RESULT_ERROR_ANNOTATION
 from sailplan.operator.profiling.step import Collect
 from sailplan.operator.reconcile import memory, provisioning
-from sailplan.operator.reconcile.provisioning import capacity_requests, consuming, request_state
+from sailplan.operator.reconcile.provisioning import (
+    Unanswered,
+    capacity_requests,
+    consuming,
+    not_served_message,
+    request_state,
+)
 from sailplan.operator.reconcile.summary import KubeEvent
 from sailplan.operator.reconcile.trainingjob import Outcome, merge_patch, pods_refused
 
@@ -102,11 +108,13 @@ async def apply_outcome(
     # The job's memory as read (reconcile.memory); None: the pass does not touch it.
     stored: memory.Stored | None = None,
     provisioning: Mapping[str, ProvisioningRequestOptions] | None = None,
+    unanswered: Mapping[str, Unanswered] | None = None,
 ) -> None:
     """Write `outcome`; `requeue_after(seconds)` when the reconcile asks to be called back.
 
     `provisioning`: the GPUPools whose capacity comes through a ProvisioningRequest; their
-    workers are created only once it is Provisioned (the next pass tries again)."""
+    workers are created only once it is Provisioned (the next pass tries again).
+    `unanswered`: the requests (namespace/name) of classes no autoscaler serves."""
     namespace = job.namespace
     if not outcome.managed:
         return  # spec.managedBy names another controller: its status is not ours to write
@@ -123,7 +131,7 @@ async def apply_outcome(
     for obj in others:  # the plan ConfigMap and the Service before any pod
         await run_blocking(kube.create, obj)
     if provisioning and pods:
-        pods, gate = await _gate_on_capacity(kube, pods, provisioning)
+        pods, gate = await _gate_on_capacity(kube, pods, provisioning, unanswered or {})
         if gate is not None:
             outcome = replace(outcome, events=(*outcome.events, *gate.events))
         if gate is not None and gate.condition is not None:
@@ -236,10 +244,13 @@ async def _gate_on_capacity(
     kube: Kube,
     pods: list[dict[str, Any]],
     options: Mapping[str, ProvisioningRequestOptions],
+    unanswered: Mapping[str, Unanswered],
 ) -> tuple[list[dict[str, Any]], _CapacityGate | None]:
     """Create each pool's ProvisioningRequest (and its PodTemplates) for `pods`; the pods
     that may be created now (those of Provisioned requests annotated to consume them, and
-    every pod of a pool without one), and why the others wait."""
+    every pod of a pool without one), and why the others wait: a request that failed, one
+    of a class no autoscaler serves (`unanswered`, by namespace/name), or one not yet
+    Provisioned."""
     requests = capacity_requests(pods, options)
     if not requests:
         return pods, None
@@ -247,6 +258,7 @@ async def _gate_on_capacity(
     provisioned: set[str] = set()
     waiting: list[str] = []
     failed: list[str] = []
+    not_served: list[str] = []
     events: list[KubeEvent] = []
     for request in requests:
         for template in request.pod_templates:
@@ -277,8 +289,11 @@ async def _gate_on_capacity(
         body = await run_blocking(kube.get_provisioning_request, namespace, request.name)
         state, message = request_state(body)
         where = f"{request.name} ({request.gpupool}/{request.zone})"
+        ignored = unanswered.get(f"{namespace}/{request.name}")
         if state == "Provisioned":
             provisioned.add(request.name)
+        elif state == "Pending" and ignored is not None:
+            not_served.append(f"{where}: {not_served_message(ignored)}")
         elif state == "Failed":
             failed.append(f"{where}: {message}")
         else:
@@ -291,19 +306,21 @@ async def _gate_on_capacity(
         if pod["metadata"]["name"] not in by_pod
         or by_pod[pod["metadata"]["name"]].name in provisioned
     ]
-    if not waiting and not failed:
+    if not waiting and not failed and not not_served:
         return allowed, _CapacityGate(None, tuple(events)) if events else None
-    reason = (
-        provisioning.REASON_CAPACITY_REQUEST_FAILED
-        if failed
-        else provisioning.REASON_WAITING_FOR_CAPACITY
-    )
+    if not_served:  # the job's Warning comes from the pools' refresh (controller.runtime)
+        reason = provisioning.REASON_CLASS_NOT_SERVED
+    elif failed:
+        reason = provisioning.REASON_CAPACITY_REQUEST_FAILED
+    else:
+        reason = provisioning.REASON_WAITING_FOR_CAPACITY
     return allowed, _CapacityGate(
         Condition(
             type=job_api.COND_RUNNING,
             status="False",
             reason=reason,
-            message="workers wait for their ProvisioningRequest: " + "; ".join(failed + waiting),
+            message="workers wait for their ProvisioningRequest: "
+            + "; ".join(not_served + failed + waiting),
         ),
         tuple(events),
     )

@@ -14,7 +14,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -27,7 +27,7 @@ from sailplan.operator.api import gpupool as pool_api
 from sailplan.operator.api import trainingjob as job_api
 from sailplan.operator.api.common import find_condition
 from sailplan.operator.api.gpupool import GPUPool
-from sailplan.operator.controller.apply import JobRef, apply_outcome, collect_results
+from sailplan.operator.controller.apply import JobRef, apply_outcome, collect_results, record
 from sailplan.operator.controller.blocking import run_blocking
 from sailplan.operator.controller.config import OperatorConfig
 from sailplan.operator.controller.observation import (
@@ -55,13 +55,20 @@ from sailplan.operator.reconcile.gpupool import pool_status
 from sailplan.operator.reconcile.naming import LABEL_JOB, LABEL_ROLE
 from sailplan.operator.reconcile.nodes import NodeInfo, pod_gpu_reservation
 from sailplan.operator.reconcile.provisioning import (
+    REASON_CLASS_NOT_SERVED,
     ROLE_CAPACITY,
+    Unanswered,
+    not_served_message,
+    request_key,
     request_reservations,
+    requester,
     stale_requests,
+    verdicts,
     waiting_requests,
 )
 from sailplan.operator.reconcile.scaleup import next_change
 from sailplan.operator.reconcile.snapshot import with_preemptible, with_reservations
+from sailplan.operator.reconcile.summary import KubeEvent
 from sailplan.operator.reconcile.trainingjob import (
     Outcome,
     invalid_status,
@@ -81,6 +88,16 @@ CAPACITY_REQUEST_SELECTOR = f"{LABEL_ROLE}={ROLE_CAPACITY}"
 
 def _now() -> datetime:
     return datetime.now(UTC).replace(microsecond=0)
+
+
+def acceptance_seconds(pools: Iterable[GPUPool]) -> dict[str, int]:
+    """GPUPool -> how long its ProvisioningRequests may go unanswered (pools with them)."""
+    return {
+        pool.name: pool.spec.autoscaling.provisioning_request.acceptance_timeout_seconds
+        for pool in pools
+        if pool.spec.autoscaling is not None
+        and pool.spec.autoscaling.provisioning_request is not None
+    }
 
 
 @dataclass
@@ -110,6 +127,8 @@ class Runtime:
     # start; else from a list per pass (a CRD installed later, or none: an empty list).
     capacity_indexed: bool = field(default=False, init=False)
     _timed_refreshes: set[asyncio.Task[None]] = field(default_factory=set, init=False)
+    # Requests of a class no autoscaler serves whose job was told (one Warning each).
+    _told_unanswered: set[str] = field(default_factory=set, init=False)
 
     def __post_init__(self) -> None:
         self.queue = WorkQueue(self.reconcile_job, self.config.retry, self.rank)
@@ -169,13 +188,16 @@ class Runtime:
             for name, pool in pools
             if pool.spec.autoscaling is not None
         }
-        for pool_name, zones in waiting_requests(requests, timeouts).items():
+        now = _now()
+        # A request no autoscaler answers backs its zone off like a Failed one.
+        found = verdicts(requests, acceptance_seconds([pool for _, pool in pools]), now)
+        for pool_name, zones in waiting_requests(requests, timeouts, found.unanswered).items():
             for zone, since in zones.items():
                 known = waiting.setdefault(pool_name, {}).get(zone)
                 waiting[pool_name][zone] = min(since, known) if known else since
-        now = _now()
+        self._tell_unanswered(requests, found.unanswered)
         changed = False
-        wake_at: list[datetime] = []
+        wake_at: list[datetime] = [found.next_due] if found.next_due is not None else []
         for name, pool in pools:
             status = pool_status(
                 pool,
@@ -185,6 +207,7 @@ class Runtime:
                 now,
                 reserved=reserved.get(name),
                 waiting_since=waiting.get(name),
+                verdicts=found,
             )
             if pool.spec.autoscaling is not None:
                 moment = next_change(
@@ -217,6 +240,20 @@ class Runtime:
         if changed:
             # Capacity changed: jobs waiting for GPUs may now plan.
             self.wake_all_jobs()
+
+    def _tell_unanswered(
+        self, requests: list[dict[str, Any]], unanswered: Mapping[str, Unanswered]
+    ) -> None:
+        """A Warning on the job of each request newly found unanswered: the job replans at
+        once, so its Running condition would show the reason only for a moment."""
+        for body in requests:
+            key = request_key(body)
+            job = requester(body)
+            if key not in unanswered or key in self._told_unanswered or job is None:
+                continue
+            message = f"ProvisioningRequest {key}: {not_served_message(unanswered[key])}"
+            record(JobRef(*job), KubeEvent("Warning", REASON_CLASS_NOT_SERVED, message))
+        self._told_unanswered = set(unanswered)
 
     def _refresh_pools_at(self, moment: datetime | None, now: datetime) -> None:
         """One timer for the next status change no event announces (a scale-up backoff
@@ -344,7 +381,8 @@ class Runtime:
             reservations = [r for r in map(pod_gpu_reservation, unbound) if r is not None]
             # Workers withheld until their ProvisioningRequest is Provisioned reserve too.
             requests = await self.capacity_requests()
-            reservations += request_reservations(requests)
+            found = verdicts(requests, acceptance_seconds(observed.pools), now)
+            reservations += request_reservations(requests, found.unanswered, besides=key)
             observed = dataclasses.replace(
                 observed, pools=with_reservations(observed.pools, reservations)
             )
@@ -378,6 +416,7 @@ class Runtime:
                     if pool.spec.autoscaling is not None
                     and pool.spec.autoscaling.provisioning_request is not None
                 },
+                unanswered=found.unanswered,
             )
             await self._drop_stale_requests(key, requests, outcome)
             searching = find_condition(outcome.status.conditions, job_api.COND_PLANNING)

@@ -10,7 +10,9 @@ yet (provisioning). A pool-wide maximum (totalMaxNodes) is split evenly over the
 the zones' possible nodes never add up to more than the pool may create. A zone whose
 waiting workers got no node within provisioningTimeoutSeconds is backed off
 (reconcile.scaleup): no possible nodes until the backoff ends, condition ScaleUpAvailable
-False with the zone and the time.
+False with the zone and the time. A pool that asks for capacity through ProvisioningRequests
+also says whether an autoscaler answers its class (condition ProvisioningClassServed,
+reconcile.provisioning.class_condition).
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 from sailplan.operator.api import gpupool as api
-from sailplan.operator.api.common import Condition, set_condition
+from sailplan.operator.api.common import Condition, find_condition, set_condition
 from sailplan.operator.api.gpupool import Autoscaling, GPUPool, GPUPoolStatus, ZoneStatus
 from sailplan.operator.api.machines import MACHINE_SHAPES
 from sailplan.operator.reconcile.nodes import NodeInfo
+from sailplan.operator.reconcile.provisioning import CLASS_SERVED, Verdicts, class_condition
 from sailplan.operator.reconcile.scaleup import ZoneBackoff, zone_backoff
 from sailplan.planner.catalog import Catalog, UnknownGPUError
 
@@ -180,10 +183,12 @@ def pool_status(
     *,
     reserved: Mapping[str, int] | None = None,
     waiting_since: Mapping[str, datetime] | None = None,
+    verdicts: Verdicts | None = None,
 ) -> GPUPoolStatus:
     """The status the pool should have given every node of the cluster, GPU usage per node,
-    `reserved`: zone -> GPUs that this pool's created but unbound workers will take, and
-    `waiting_since`: zone -> creation time of the oldest of those workers."""
+    `reserved`: zone -> GPUs that this pool's created but unbound workers will take,
+    `waiting_since`: zone -> creation time of the oldest of those workers, and `verdicts`:
+    what the operator's ProvisioningRequests say about the autoscalers."""
     selected = sorted((n for n in nodes if selects(pool, n)), key=lambda n: n.name)
     gpu_type, type_condition = _resolve_gpu_type(pool, selected, catalog)
     reserved = reserved or {}
@@ -253,6 +258,20 @@ def pool_status(
     updates = [ready_condition, type_condition]
     if autoscaling is not None:
         updates.append(_scale_up_condition(backoffs, autoscaling, now))
+    if autoscaling is not None and autoscaling.provisioning_request is not None:
+        previous_class = find_condition(conditions, CLASS_SERVED)
+        if previous_class is not None and previous_class.observed_generation != pool.generation:
+            previous_class = None  # the spec changed (the class, maybe): judge afresh
+        updates.append(
+            class_condition(
+                autoscaling.provisioning_request.class_name,
+                pool.name,
+                verdicts or Verdicts(),
+                previous_class,
+            )
+        )
+    else:
+        conditions = tuple(c for c in conditions if c.type != CLASS_SERVED)
     for condition in updates:
         conditions = set_condition(
             conditions, condition.model_copy(update={"observed_generation": pool.generation}), now

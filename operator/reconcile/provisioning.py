@@ -8,9 +8,17 @@ creates those workers only once the request is Provisioned. A 64-GPU job then ne
 half its nodes while waiting for the rest. The workers carry the annotations that tell the
 autoscaler to place them on the capacity the request booked.
 
+A request of a class no autoscaler serves never gets a condition (the cluster autoscaler
+skips classes it does not know without a word). The autoscalers that serve a class mark
+its requests Accepted, one per loop (cluster-autoscaler processors/provreq: one request per
+loop of --scan-interval, 10 s by default), so a request still without any condition
+`acceptanceTimeoutSeconds` after its creation, while no request of its class has one, is
+taken as not served: its zone backs off like a Failed request's, the job says
+ProvisioningClassNotServed, and the pool's ProvisioningClassServed condition is False.
+
 Pure: `capacity_requests` renders the objects from the worker pods the reconcile rendered,
-`request_state` reads a request's conditions, `stale_requests` names the ones no current
-plan needs. controller/apply.py creates the requests and withholds the workers of a request
+`request_state` reads a request's conditions, `verdicts` finds the requests no autoscaler
+answers, `stale_requests` names the ones no current plan needs. controller/apply.py creates the requests and withholds the workers of a request
 that is not Provisioned; controller/runtime.py counts a request that waits or failed against
 its zone like a waiting worker (reconcile.scaleup) and deletes the stale ones; a change of a
 request's conditions reaches the job and the pools through a watch (controller/registration).
@@ -18,12 +26,13 @@ request's conditions reaches the job and the pools through a watch (controller/r
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
 from sailplan.operator.api.common import GROUP as SAILPLAN_GROUP
+from sailplan.operator.api.common import Condition
 from sailplan.operator.api.gpupool import ProvisioningRequestOptions
 from sailplan.operator.reconcile import naming
 from sailplan.operator.reconcile.nodes import created_at, pod_gpu_reservation
@@ -51,6 +60,22 @@ FAILED: Final = "Failed"
 REASON_CAPACITY_REQUESTED: Final = "CapacityRequested"
 REASON_WAITING_FOR_CAPACITY: Final = "WaitingForCapacity"
 REASON_CAPACITY_REQUEST_FAILED: Final = "CapacityRequestFailed"
+REASON_CLASS_NOT_SERVED: Final = "ProvisioningClassNotServed"
+
+# The provisioning classes an autoscaler is known to serve: GKE's queued provisioning (DWS)
+# and the cluster autoscaler's own (provisioningrequest.SupportedProvisioningClasses).
+KNOWN_CLASSES: Final = (
+    "queued-provisioning.gke.io",
+    "check-capacity.autoscaling.x-k8s.io",
+    "best-effort-atomic-scale-up.autoscaling.x-k8s.io",
+)
+# GPUPool condition (pools with spec.autoscaling.provisioningRequest): whether an autoscaler
+# answers requests of the pool's class.
+CLASS_SERVED: Final = "ProvisioningClassServed"
+REASON_ANSWERED: Final = "Answered"
+REASON_NOT_ASKED_YET: Final = "NotAskedYet"
+REASON_UNKNOWN_CLASS: Final = "UnknownProvisioningClass"
+CLASS_FIELD: Final = "spec.autoscaling.provisioningRequest.className"
 
 RequestState = Literal["Provisioned", "Failed", "Pending"]
 
@@ -174,13 +199,153 @@ def request_state(body: Mapping[str, Any] | None) -> tuple[RequestState, str]:
     return "Pending", str(latest.get("message") or latest.get("reason") or "not accepted yet")
 
 
+def request_key(body: Mapping[str, Any]) -> str:
+    """namespace/name: a request's identity across namespaces."""
+    metadata = body.get("metadata") or {}
+    return f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
+
+
+def class_of(body: Mapping[str, Any]) -> str:
+    return str((body.get("spec") or {}).get("provisioningClassName") or "")
+
+
+@dataclass(frozen=True)
+class Unanswered:
+    """A request no autoscaler answered within its pool's acceptance timeout."""
+
+    gpupool: str
+    zone: str
+    class_name: str
+    seconds: int  # the timeout it outlived
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    """What the operator's requests say about the autoscalers: the classes with a request
+    that has any condition (some autoscaler serves them), and the requests (by
+    `request_key`) of classes that none serves."""
+
+    answered: frozenset[str] = frozenset()
+    unanswered: Mapping[str, Unanswered] = field(default_factory=dict)
+    # When the next request without a condition reaches its timeout (None: none will).
+    next_due: datetime | None = None
+
+
+def verdicts(
+    bodies: Sequence[Mapping[str, Any]], acceptance_seconds: Mapping[str, int], now: datetime
+) -> Verdicts:
+    """Judge the operator's requests `bodies` at `now`: one without any condition is
+    unanswered once it is older than its GPUPool's acceptance timeout (`acceptance_seconds`
+    by GPUPool; pools not in it are not judged) while no request of its class has a
+    condition (a served class's request may just wait its turn behind others)."""
+    answered = frozenset(
+        class_of(b) for b in bodies if ((b.get("status") or {}).get("conditions") or [])
+    )
+    unanswered: dict[str, Unanswered] = {}
+    due: list[datetime] = []
+    for body in bodies:
+        labels = (body.get("metadata") or {}).get("labels") or {}
+        gpupool, zone = labels.get(naming.LABEL_GPUPOOL), labels.get(LABEL_ZONE)
+        created = created_at(body)
+        class_name = class_of(body)
+        seconds = acceptance_seconds.get(str(gpupool))
+        if (
+            not gpupool
+            or not zone
+            or created is None
+            or seconds is None
+            or class_name in answered
+            or ((body.get("status") or {}).get("conditions") or [])
+        ):
+            continue
+        deadline = created + timedelta(seconds=seconds)
+        if now >= deadline:
+            unanswered[request_key(body)] = Unanswered(str(gpupool), str(zone), class_name, seconds)
+        else:
+            due.append(deadline)
+    return Verdicts(answered, unanswered, min(due) if due else None)
+
+
+def requester(body: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """(namespace, name, uid) of the TrainingJob a request is for: its job label and its
+    controlling owner reference (None when either is missing)."""
+    metadata = body.get("metadata") or {}
+    job = (metadata.get("labels") or {}).get(naming.LABEL_JOB)
+    uid = next(
+        (
+            str(ref.get("uid"))
+            for ref in metadata.get("ownerReferences") or ()
+            if ref.get("controller") and ref.get("uid")
+        ),
+        None,
+    )
+    if not job or uid is None:
+        return None
+    return str(metadata.get("namespace") or ""), str(job), uid
+
+
+def not_served_message(request: Unanswered) -> str:
+    """Why the request's workers will not come, and what to change."""
+    return (
+        f"no autoscaler answered a ProvisioningRequest of class {request.class_name} within "
+        f"{request.seconds} s (none of that class has a condition): install the autoscaler "
+        f"that serves it, or set {CLASS_FIELD} of GPUPool {request.gpupool} to a class that "
+        f"one serves ({', '.join(KNOWN_CLASSES)})"
+    )
+
+
+def class_condition(
+    class_name: str, gpupool: str, found: Verdicts, previous: Condition | None
+) -> Condition:
+    """The pool's ProvisioningClassServed condition: True once a request of its class has a
+    condition, False while one of the pool's requests is unanswered; otherwise the previous
+    one (the caller drops it when the spec changed), else Unknown, with reason
+    UnknownProvisioningClass for a class that is none of KNOWN_CLASSES (a warning, not a
+    refusal: an autoscaler may serve classes this list does not know)."""
+    mine = [u for u in found.unanswered.values() if u.gpupool == gpupool]
+    if mine:
+        return Condition(
+            type=CLASS_SERVED,
+            status="False",
+            reason=REASON_CLASS_NOT_SERVED,
+            message=not_served_message(mine[0]),
+        )
+    if class_name in found.answered:
+        return Condition(
+            type=CLASS_SERVED,
+            status="True",
+            reason=REASON_ANSWERED,
+            message=f"an autoscaler answers ProvisioningRequests of class {class_name}",
+        )
+    if previous is not None:
+        return previous
+    if class_name not in KNOWN_CLASSES:
+        return Condition(
+            type=CLASS_SERVED,
+            status="Unknown",
+            reason=REASON_UNKNOWN_CLASS,
+            message=f"{CLASS_FIELD} {class_name} is none of the classes an autoscaler is known "
+            f"to serve ({', '.join(KNOWN_CLASSES)}); if none serves it, its requests get no "
+            "answer and the zone backs off after acceptanceTimeoutSeconds",
+        )
+    return Condition(
+        type=CLASS_SERVED,
+        status="Unknown",
+        reason=REASON_NOT_ASKED_YET,
+        message=f"no ProvisioningRequest of class {class_name} has been answered yet",
+    )
+
+
 def waiting_requests(
-    bodies: Sequence[Mapping[str, Any]], timeout_seconds: Mapping[str, int]
+    bodies: Sequence[Mapping[str, Any]],
+    timeout_seconds: Mapping[str, int],
+    unanswered: Collection[str] = (),
 ) -> dict[str, dict[str, datetime]]:
     """GPUPool -> zone -> since when capacity has been waited for, from the operator's
-    requests that are not Provisioned: their creation time, or, for a Failed one, a time
-    the zone's timeout (`timeout_seconds` by GPUPool) already lies behind, so the zone is
-    backed off at once (reconcile.scaleup)."""
+    requests that are not Provisioned: their creation time, or, for a Failed one or one no
+    autoscaler answers (`unanswered`: request keys), a time the zone's timeout
+    (`timeout_seconds` by GPUPool) already lies behind, so the zone is backed off at once
+    (reconcile.scaleup)."""
     out: dict[str, dict[str, datetime]] = {}
     for body in bodies:
         labels = (body.get("metadata") or {}).get("labels") or {}
@@ -189,27 +354,44 @@ def waiting_requests(
         state, _ = request_state(body)
         if not gpupool or not zone or created is None or state == "Provisioned":
             continue
-        if state == "Failed":
+        if state == "Failed" or request_key(body) in unanswered:
             created -= timedelta(seconds=timeout_seconds.get(gpupool, 0))
         zones = out.setdefault(gpupool, {})
         zones[zone] = min(created, zones.get(zone, created))
     return out
 
 
-def request_reservations(bodies: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, int]]:
+def request_reservations(
+    bodies: Sequence[Mapping[str, Any]],
+    unanswered: Collection[str] = (),
+    *,
+    besides: tuple[str, str] | None = None,
+) -> list[tuple[str, str, int]]:
     """(GPUPool, zone, GPUs) of the requests whose workers are still withheld (not
-    Provisioned, not Failed): capacity no other job may plan onto meanwhile, as unbound
-    workers reserve theirs (reconcile.nodes.pod_gpu_reservation)."""
+    Provisioned, not Failed, not `unanswered`): capacity no other job may plan onto
+    meanwhile, as unbound workers reserve theirs (reconcile.nodes.pod_gpu_reservation).
+    The requests of the job `besides` (namespace, name) are left out: they book its own
+    plan's capacity, which must not count against that plan."""
     out = []
     for body in bodies:
         metadata = body.get("metadata") or {}
         labels = metadata.get("labels") or {}
+        if besides is not None and (metadata.get("namespace"), labels.get(naming.LABEL_JOB)) == (
+            besides
+        ):
+            continue
         gpupool, zone = labels.get(naming.LABEL_GPUPOOL), labels.get(LABEL_ZONE)
         try:
             gpus = int((metadata.get("annotations") or {}).get(GPUS_ANNOTATION, "0"))
         except ValueError:
             gpus = 0
-        if gpupool and zone and gpus > 0 and request_state(body)[0] == "Pending":
+        if (
+            gpupool
+            and zone
+            and gpus > 0
+            and request_state(body)[0] == "Pending"
+            and request_key(body) not in unanswered
+        ):
             out.append((str(gpupool), str(zone), gpus))
     return out
 

@@ -55,6 +55,12 @@ def test_the_schema_refuses_impossible_autoscaling_limits_and_unknown_shapes(
     assert "set machineType or gpusPerNode" in message
     message = refused(k8s_api, {**shape, "machineType": "a9-imaginary-4g", "maxNodesPerZone": 1})
     assert "spec.autoscaling.machineType" in message and "a2-highgpu-4g" in message
+    # A class name the ProvisioningRequest CRD itself would refuse on every request.
+    message = refused(
+        k8s_api,
+        {**shape, "maxNodesPerZone": 1, "provisioningRequest": {"className": "example.com/dws"}},
+    )
+    assert "spec.autoscaling.provisioningRequest.className" in message
 
 
 def test_an_unknown_gpu_type_is_a_condition_naming_the_known_ones(

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from operator_process import OperatorProcess
-from test_operator_cluster import get_job, job_body, pods_of, wait_phase
+from test_operator_cluster import get_job, job_body, job_events, pods_of, wait_phase
 from waiting import wait_for
 
 from sailplan.operator.api.common import GROUP, VERSION
@@ -449,6 +449,65 @@ def test_workers_wait_for_their_provisioning_request_and_start_once_it_is_provis
         release_then_reset(k8s_api, namespace, local_cluster)
 
 
+def a100_request_beside_v100s(
+    k8s_api: Any,
+    namespace: str,
+    gpupools: Callable[..., str],
+    job: str,
+    provisioning_request: dict[str, Any],
+) -> tuple[str, str, dict[str, Any]]:
+    """An A100 GPUPool at zero nodes whose capacity comes through ProvisioningRequests
+    (`provisioning_request`), the local cluster's V100 spot pool, and a long job on both,
+    once it has requested its A100 workers: (A100 pool, V100 pool, the request)."""
+    pool = gpupools(
+        f"dws-{uuid.uuid4().hex[:6]}",
+        autoscaling={
+            **autoscaling(2)["autoscaling"],
+            "provisioningSeconds": 30,
+            "provisioningRequest": provisioning_request,
+        },
+    )
+    existing = gpupools("v100-spot")
+    wait_for(
+        "possible capacity in the pool",
+        lambda: pool_status(k8s_api, pool).get("gpusPossible") == 8,
+        90,
+    )
+    # A long job: eight A100s after a 30 s wait beat the V100s that exist now.
+    body = job_body(namespace, job, [pool, existing])
+    body["spec"]["training"]["steps"] = 1_000_000
+    client.CustomObjectsApi(k8s_api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "trainingjobs", body
+    )
+    (request,) = wait_for(
+        "a ProvisioningRequest for the A100 workers",
+        lambda: capacity_requests_of(k8s_api, namespace, job) or None,
+        120,
+    )
+    return pool, existing, request
+
+
+def wait_moved_off_the_request(k8s_api: Any, namespace: str, job: str, existing: str) -> None:
+    """The job replanned onto the V100s that exist and runs there; its new plan consumes no
+    request, so the earlier one is deleted, with its PodTemplates."""
+    wait_for(
+        "the job replanned onto the V100s that exist, Running",
+        running_on(k8s_api, namespace, job, existing),
+        150,
+        lambda: str((get_job(k8s_api, namespace, job).get("status") or {}).get("conditions")),
+    )
+    wait_for(
+        "the earlier plan's ProvisioningRequest deleted",
+        lambda: not capacity_requests_of(k8s_api, namespace, job),
+        60,
+        lambda: str([r["metadata"]["name"] for r in capacity_requests_of(k8s_api, namespace, job)]),
+    )
+    templates = client.CoreV1Api(k8s_api).list_namespaced_pod_template(
+        namespace, label_selector=f"sailplan.dev/job={job}"
+    )
+    assert not templates.items
+
+
 # A resync far past the test: the zone's backoff and the replan can only come from the
 # operator's watch on ProvisioningRequests (no worker pod exists to send an event).
 @pytest.mark.parametrize("operator", [("--resync-seconds", "3600")], indirect=True)
@@ -459,32 +518,7 @@ def test_a_failed_provisioning_request_backs_its_zone_off_and_the_job_moves(
     operator: OperatorProcess,
     gpupools: Callable[..., str],
 ) -> None:
-    node_pool = f"dwsf-{uuid.uuid4().hex[:6]}"
-    pool = gpupools(
-        node_pool,
-        autoscaling={
-            **autoscaling(2)["autoscaling"],
-            "provisioningSeconds": 30,
-            "provisioningRequest": {},
-        },
-    )
-    existing = gpupools("v100-spot")
-    wait_for(
-        "possible capacity in the pool",
-        lambda: pool_status(k8s_api, pool).get("gpusPossible") == 8,
-        90,
-    )
-    # A long job: eight A100s after a 30 s wait beat the V100s that exist now.
-    body = job_body(namespace, "fails", [pool, existing])
-    body["spec"]["training"]["steps"] = 1_000_000
-    client.CustomObjectsApi(k8s_api).create_namespaced_custom_object(
-        GROUP, VERSION, namespace, "trainingjobs", body
-    )
-    (request,) = wait_for(
-        "a ProvisioningRequest for the A100 workers",
-        lambda: capacity_requests_of(k8s_api, namespace, "fails") or None,
-        120,
-    )
+    pool, existing, request = a100_request_beside_v100s(k8s_api, namespace, gpupools, "fails", {})
     # The autoscaler's part: no capacity.
     set_request_condition(
         k8s_api,
@@ -500,23 +534,63 @@ def test_a_failed_provisioning_request_backs_its_zone_off_and_the_job_moves(
         60,
         lambda: str(pool_status(k8s_api, pool)),
     )
+    wait_moved_off_the_request(k8s_api, namespace, "fails", existing)
 
-    wait_for(
-        "the job replanned onto the V100s that exist, Running",
-        running_on(k8s_api, namespace, "fails", existing),
-        150,
-        lambda: str((get_job(k8s_api, namespace, "fails").get("status") or {}).get("conditions")),
+
+def class_served(k8s_api: Any, pool: str) -> dict[str, Any]:
+    """The pool's ProvisioningClassServed condition ({} while it has none)."""
+    conditions = pool_status(k8s_api, pool).get("conditions", [])
+    return next((c for c in conditions if c["type"] == "ProvisioningClassServed"), {})
+
+
+@pytest.mark.usefixtures("provisioning_request_crd")
+def test_a_request_of_a_class_no_autoscaler_serves_backs_its_zone_off_and_the_job_moves(
+    k8s_api: Any,
+    namespace: str,
+    operator: OperatorProcess,
+    gpupools: Callable[..., str],
+) -> None:
+    nobody = "nobody-serves-this.example.com"
+    pool, existing, request = a100_request_beside_v100s(
+        k8s_api,
+        namespace,
+        gpupools,
+        "nobody",
+        {"className": nobody, "acceptanceTimeoutSeconds": 20},
     )
-    # The new plan consumes no request: the failed one is deleted, with its PodTemplates.
-    wait_for(
-        "the earlier plan's ProvisioningRequest deleted",
-        lambda: not capacity_requests_of(k8s_api, namespace, "fails"),
-        60,
-        lambda: str(
-            [r["metadata"]["name"] for r in capacity_requests_of(k8s_api, namespace, "fails")]
+    assert request["spec"]["provisioningClassName"] == nobody
+    # A class none of the known ones: flagged on the pool from the start, not refused.
+    flagged = class_served(k8s_api, pool)
+    assert (flagged["status"], flagged["reason"]) == ("Unknown", "UnknownProvisioningClass")
+    # The autoscaler's part: nothing (no autoscaler serves the class); the request keeps
+    # no condition at all.
+    condition = wait_for(
+        "the pool says its class is not served",
+        lambda: (
+            class_served(k8s_api, pool)
+            if class_served(k8s_api, pool).get("status") == "False"
+            else None
         ),
+        90,
+        lambda: str(pool_status(k8s_api, pool)),
     )
-    templates = client.CoreV1Api(k8s_api).list_namespaced_pod_template(
-        namespace, label_selector="sailplan.dev/job=fails"
+    assert condition["reason"] == "ProvisioningClassNotServed"
+    assert nobody in condition["message"]
+    assert "spec.autoscaling.provisioningRequest.className" in condition["message"]
+    assert scale_up_backed_off(k8s_api, pool) is not None
+
+    wait_moved_off_the_request(k8s_api, namespace, "nobody", existing)
+    warnings = wait_for(
+        "a Warning on the job naming the class and the field",
+        lambda: [
+            e
+            for e in job_events(k8s_api, namespace, "nobody")
+            if e.reason == "ProvisioningClassNotServed"
+        ],
+        30,
     )
-    assert not templates.items
+    assert [e.type for e in warnings] == ["Warning"], warnings
+    assert nobody in warnings[0].message
+    assert f"className of GPUPool {pool}" in warnings[0].message
+    # The pool keeps saying why after the request is gone.
+    assert class_served(k8s_api, pool)["reason"] == "ProvisioningClassNotServed"
