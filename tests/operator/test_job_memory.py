@@ -4,8 +4,10 @@ from the v1alpha1 status, and that the pure reconcile returns it instead of a st
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any, cast
 
 import pytest
 from operator_builders import RecordingPlanner
@@ -14,6 +16,8 @@ from test_reconcile_trainingjob import observe, refuse, with_status
 from sailplan.operator.api.gpupool import GPUPool
 from sailplan.operator.api.memory import JobMemory
 from sailplan.operator.api.trainingjob import TrainingJob
+from sailplan.operator.controller.observation import read_memory
+from sailplan.operator.kube import Kube
 from sailplan.operator.reconcile import memory
 from sailplan.operator.reconcile.trainingjob import Observed, reconcile
 from sailplan.operator.replan.state import ReplanState
@@ -121,3 +125,49 @@ def test_an_infeasible_planning_is_remembered_in_the_memory_not_the_status(
     forgot = with_status(job, first).model_copy(update={"memory": JobMemory()})
     reconcile(Observed(job=forgot, pools=pools), planner, catalog, NOW)
     assert len(planner.requests) == 2
+
+
+class _Cluster:
+    """What read_memory asks the API server: the state ConfigMap, the job at v1alpha1."""
+
+    def __init__(self, configmap: dict[str, Any] | None, legacy: dict[str, Any] | None) -> None:
+        self.configmap = configmap
+        self.legacy = legacy
+        self.job_reads: list[str] = []
+
+    def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        assert (namespace, name) == ("team-a", "opt-state")
+        return self.configmap
+
+    def get_job(self, namespace: str, name: str, version: str) -> dict[str, Any] | None:
+        self.job_reads.append(version)
+        return self.legacy
+
+
+def _read(cluster: _Cluster, raw_status: dict[str, Any]) -> memory.Stored:
+    kube = cast(Kube, cluster)
+    return asyncio.run(read_memory(kube, "team-a", "opt", "uid-1", raw_status))
+
+
+def test_read_memory_prefers_the_configmap_and_falls_back_to_the_v1alpha1_status() -> None:
+    legacy_job = {
+        "metadata": {"uid": "uid-1"},
+        "status": {"plan": {"generation": 2}, "unschedulableInputs": "1:abc"},
+    }
+    mine = memory.render("team-a", "opt", "uid-1", REMEMBERED, None)
+    mine["metadata"]["resourceVersion"] = "5"
+    cluster = _Cluster(mine, legacy_job)
+    assert _read(cluster, {"plan": {"generation": 2}}) == memory.Stored(REMEMBERED, "5")
+    assert cluster.job_reads == []  # the ConfigMap is the memory: no second read
+    # No ConfigMap, and the status shows the job planned before: the v1alpha1 status.
+    cluster = _Cluster(None, legacy_job)
+    stored = _read(cluster, {"plan": {"generation": 2}})
+    assert cluster.job_reads == ["v1alpha1"]
+    assert stored.legacy and stored.memory == JobMemory(unschedulable_inputs="1:abc")
+    # A job that never planned has nothing to migrate: not read again.
+    cluster = _Cluster(None, legacy_job)
+    assert _read(cluster, {"phase": "Pending"}) == memory.Stored(JobMemory())
+    assert cluster.job_reads == []
+    # A job of the same name with another uid (recreated meanwhile) is not this one.
+    cluster = _Cluster(None, legacy_job | {"metadata": {"uid": "uid-2"}})
+    assert _read(cluster, {"plan": {"generation": 2}}) == memory.Stored(JobMemory())

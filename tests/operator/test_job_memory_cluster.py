@@ -1,7 +1,9 @@
 """The operator's memory of a job lives in the job's state ConfigMap, against the real API
 server and the real operator: the status shows none of it, an operator restarted mid-job
-resumes from it, and a job an older operator ran (its memory in the v1alpha1 status) is
-migrated on the first pass (reconcile.memory, docs/reference/api-versions.md)."""
+resumes from it, and a job an older operator ran (its memory in the v1alpha1 status) keeps
+it across the upgrade: the restarted operator's storage migration (controller.storage)
+moves it to the ConfigMap and the job goes on without replanning (reconcile.memory,
+docs/reference/api-versions.md; the per-pass fallback is tested in test_job_memory.py)."""
 
 from __future__ import annotations
 
