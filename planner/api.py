@@ -22,6 +22,15 @@ if TYPE_CHECKING:
     from sailplan.planner.catalog import Catalog
 
 
+# The largest energy_max_slowdown accepted: on the datasheet power model the least-energy
+# clock of a fully compute-bound stage, with no blocking power, is about 0.75 x the maximum
+# (minimize ((1 - k) + k x^3) / x with k = SM_CLOCK_POWER_SHARE = 0.54: x^3 = (1 - k) / 2k),
+# a slowdown of 1/0.75 - 1 = 0.33, past which the frontier saves nothing; 1.0 (twice the
+# time) leaves room for measured power curves and refuses a percentage typed as a number
+# (10 for 10%).
+MAX_ENERGY_SLOWDOWN = 1.0
+
+
 class Objective(BaseModel):
     """What "best" means.
 
@@ -94,6 +103,17 @@ class PlanRequest(BaseModel):
             "always does; needs power data for every GPU type of the cluster"
         ),
     )
+    energy_max_slowdown: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=MAX_ENERGY_SLOWDOWN,
+        description=(
+            "a point on the time-energy frontier: energy predictions (and the energy "
+            "objective's ranking) take the clocks with the least energy that keep the "
+            "iteration within (1 + this) x its default-clock time, and within the throughput "
+            "floor; 0 = Perseus' no-slowdown point"
+        ),
+    )
     # Off unless asked for (the CLI asks by default): with the options the search reaches
     # its first feasible plan later, and OPT-30B over the example pools found none within
     # a 10 s planning deadline, where it finds one without them.
@@ -143,6 +163,14 @@ class Planned(BaseModel):
     exhaustive: bool = Field(
         default=True,
         description="False when the deadline stopped the search: the best plan found so far",
+    )
+    energy_lower_bound: float | None = Field(
+        default=None,
+        description=(
+            "energy objective, exhaustive search: joules per iteration that no plan meeting "
+            "the constraints goes below (planner/search/energy.py), so the best plan is "
+            "within its energy minus this of the optimum; None otherwise"
+        ),
     )
 
 

@@ -98,19 +98,26 @@ class StageClocks(BaseModel):
 
 class EnergyPrediction(BaseModel):
     """GPU energy of one iteration (planner.energy), at default clocks and at the frequency
-    plan that does not slow the iteration down (Perseus' "no slowdown" point)."""
+    plan that does not slow the iteration down (Perseus' "no slowdown" point), or that
+    slows it down by at most max_slowdown where the request allows it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     joules_per_iteration_default: float = Field(description="every GPU at its maximum SM clock")
     joules_per_iteration: float = Field(description="with stage_clocks")
     iteration_seconds: float = Field(
-        description="with stage_clocks: the default-clock time, as no slowdown keeps it"
+        description="with stage_clocks: the default-clock time at no slowdown, at most "
+        "(1 + max_slowdown) x it otherwise"
     )
     stage_clocks: tuple[StageClocks, ...] = ()
     source: Literal["datasheet", "measured"] = Field(
         default="datasheet",
         description="measured when every GPU type's power came from a PowerProfile",
+    )
+    max_slowdown: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="the slowdown the clocks were allowed (0 = Perseus' no-slowdown point)",
     )
 
 

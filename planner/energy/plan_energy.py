@@ -1,5 +1,12 @@
 """Energy of a Plan per iteration: at default clocks, at no slowdown, and the frontier.
 
+A request may allow a slowdown (PlanRequest.energy_max_slowdown, TrainingJob
+spec.energy.maxSlowdown): the clocks it gets are then the least energy the frequency
+planner finds with the iteration at most (1 + max_slowdown) x the default-clock time (and
+no slower than max_iteration_seconds, the throughput floor's time): `EnergyReport.planned`,
+the point whose clocks and energy Predictions.energy carries. At 0 it is the no-slowdown
+point.
+
 Built on simulate(): the pipeline time it predicts is the deadline, its all-reduce + update
 tail is added unchanged (the optimizer step runs at the default clock; the all-reduce is a
 wait at blocking power). Every data-parallel pipeline r (replica r of every stage) is a
@@ -37,6 +44,11 @@ from sailplan.planner.simulator import PlanningContext, simulate
 
 JOULES_PER_KWH = 3.6e6
 FRONTIER_POINTS = 40
+# Grid of the allowed-slowdown search (EnergyReport.planned), as a fraction of the
+# iteration time: each step costs one frequency solve per pipeline for every plan the
+# energy objective prices (about 20 ms each on a 14-layer pipeline), so 5 points per
+# 25% of slowdown; the solve at the allowance itself is always made.
+SLOWDOWN_STEP = 0.05
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,13 @@ class EnergyReport:
     no_slowdown: FrontierPoint
     frontier: tuple[FrontierPoint, ...]  # fastest first, energy strictly falling; may be ()
     source: str  # "datasheet" or "measured"
+    planned: FrontierPoint | None = None  # at the allowed slowdown; None = no_slowdown
+    max_slowdown: float = 0.0
+
+    @property
+    def chosen(self) -> FrontierPoint:
+        """The clocks a job runs with: the allowed slowdown's point."""
+        return self.planned if self.planned is not None else self.no_slowdown
 
     @property
     def saved_joules(self) -> float:
@@ -74,10 +93,11 @@ class EnergyReport:
     def prediction(self) -> EnergyPrediction:
         return EnergyPrediction(
             joules_per_iteration_default=self.default.joules_per_iteration,
-            joules_per_iteration=self.no_slowdown.joules_per_iteration,
-            iteration_seconds=self.no_slowdown.iteration_seconds,
-            stage_clocks=self.no_slowdown.stage_clocks(),
+            joules_per_iteration=self.chosen.joules_per_iteration,
+            iteration_seconds=self.chosen.iteration_seconds,
+            stage_clocks=self.chosen.stage_clocks(),
             source="measured" if self.source == "measured" else "datasheet",
+            max_slowdown=self.max_slowdown,
         )
 
 
@@ -221,6 +241,29 @@ class _PlanEnergy:
     def at(self, deadline: float) -> FrontierPoint:
         return self.point([solve(p.problem, deadline) for p in self.pipelines])
 
+    def slowed(
+        self, no_slowdown: FrontierPoint, max_slowdown: float, max_iteration_seconds: float | None
+    ) -> FrontierPoint:
+        """The least energy with the iteration at most (1 + max_slowdown) x the no-slowdown
+        time and at most max_iteration_seconds (never below no slowdown): the least of the
+        frequency solves at that limit and at every SLOWDOWN_STEP of slowdown under it. The
+        greedy solve is a heuristic whose energy can rise with a later deadline; the fixed
+        grid keeps a larger allowance from ending above a smaller one's grid points."""
+        base = no_slowdown.iteration_seconds
+        longest = (1.0 + max_slowdown) * base
+        if max_iteration_seconds is not None:
+            longest = min(longest, max_iteration_seconds)
+        steps = int(np.floor((longest / base - 1.0) / SLOWDOWN_STEP + 1e-9))
+        limits = [base * (1.0 + SLOWDOWN_STEP * j) for j in range(1, steps + 1)] + [longest]
+        best = no_slowdown
+        for limit in limits:
+            if limit - self.tail <= self.deadline:
+                continue
+            point = self.at(limit - self.tail)
+            if point.joules_per_iteration < best.joules_per_iteration:
+                best = point
+        return best
+
     def default(self) -> FrontierPoint:
         return self.point([default_clocks(p.problem) for p in self.pipelines])
 
@@ -247,20 +290,30 @@ def plan_energy(
     profiles: Sequence[PowerProfile] = (),
     predictions: Predictions | None = None,
     frontier_points: int = 0,
+    max_slowdown: float = 0.0,
+    max_iteration_seconds: float | None = None,
 ) -> EnergyReport:
-    """Energy per iteration of `plan` at default clocks and at no slowdown (and the
-    time-energy frontier when frontier_points > 0). Raises EnergyError for a GPU type
-    without power data, MissingProfileError like simulate()."""
+    """Energy per iteration of `plan` at default clocks, at no slowdown and at the allowed
+    slowdown (module docstring), and the time-energy frontier when frontier_points > 0.
+    Raises EnergyError for a GPU type without power data, MissingProfileError like
+    simulate(), ValueError for a negative max_slowdown."""
+    if max_slowdown < 0:
+        raise ValueError(f"max_slowdown {max_slowdown} is below zero")
     model = EnergyModel(context.catalog, profiles)
     predictions = predictions or simulate(plan, context)
     energy = _PlanEnergy(plan, context, model, predictions)
     no_slowdown = energy.at(energy.deadline)
+    planned = (
+        energy.slowed(no_slowdown, max_slowdown, max_iteration_seconds) if max_slowdown else None
+    )
     frontier = energy.frontier(frontier_points) if frontier_points > 0 else ()
     return EnergyReport(
         default=energy.default(),
         no_slowdown=no_slowdown,
         frontier=frontier,
         source=energy.source,
+        planned=planned,
+        max_slowdown=max_slowdown,
     )
 
 
@@ -274,9 +327,22 @@ def with_energy(
 
 
 def simulate_energy(
-    plan: Plan, context: PlanningContext, *, profiles: Sequence[PowerProfile] = ()
+    plan: Plan,
+    context: PlanningContext,
+    *,
+    profiles: Sequence[PowerProfile] = (),
+    max_slowdown: float = 0.0,
+    max_iteration_seconds: float | None = None,
 ) -> Predictions:
-    """simulate() plus the energy fields: the simulator's energy report."""
+    """simulate() plus the energy fields: the simulator's energy report (at the allowed
+    slowdown)."""
     predictions = simulate(plan, context)
-    report = plan_energy(plan, context, profiles=profiles, predictions=predictions)
+    report = plan_energy(
+        plan,
+        context,
+        profiles=profiles,
+        predictions=predictions,
+        max_slowdown=max_slowdown,
+        max_iteration_seconds=max_iteration_seconds,
+    )
     return predictions.model_copy(update={"energy": report.prediction()})

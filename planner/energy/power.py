@@ -206,6 +206,27 @@ class EnergyModel:
         return curve
 
 
+def roofline_parts(
+    model: ModelSpec,
+    spec: GPUSpec,
+    layer: int,
+    *,
+    tp: int,
+    mbs: int,
+    flash_attention: bool = False,
+) -> tuple[float, float]:
+    """(clock-scaled, not clock-scaled) roofline seconds of one layer's forward+backward:
+    clock_scaled_share's two sums for a single layer."""
+    from sailplan.planner.profiles.estimate import layer_forward_flops, tensor_parallel_seconds
+
+    compute = 3.0 * layer_forward_flops(model, layer, tp, mbs) / spec.peak_flops
+    moved = ACTIVATION_TRAFFIC_FACTOR * layer_activation_bytes(
+        model, layer, tp, mbs, flash_attention
+    ) + WEIGHT_TRAFFIC_BYTES_PER_PARAM * model.layer_parameters(layer, tp)
+    tp_forward, tp_backward = tensor_parallel_seconds(model, layer, tp, mbs, spec)
+    return compute, moved / spec.memory_bandwidth_bytes_per_s + tp_forward + tp_backward
+
+
 def clock_scaled_share(
     model: ModelSpec,
     spec: GPUSpec,
@@ -225,17 +246,11 @@ def clock_scaled_share(
     written, at the datasheet memory bandwidth; and the layer's tensor-parallel all-reduces
     (a network time). The measured or estimated time of the stage is split in this ratio.
     """
-    from sailplan.planner.profiles.estimate import layer_forward_flops, tensor_parallel_seconds
-
     compute = 0.0
     other = 0.0
     for layer in range(layer_start, layer_end):
-        compute += 3.0 * layer_forward_flops(model, layer, tp, mbs) / spec.peak_flops
-        moved = ACTIVATION_TRAFFIC_FACTOR * layer_activation_bytes(
-            model, layer, tp, mbs, flash_attention
-        ) + WEIGHT_TRAFFIC_BYTES_PER_PARAM * model.layer_parameters(layer, tp)
-        other += moved / spec.memory_bandwidth_bytes_per_s
-        tp_forward, tp_backward = tensor_parallel_seconds(model, layer, tp, mbs, spec)
-        other += tp_forward + tp_backward
+        c, o = roofline_parts(model, spec, layer, tp=tp, mbs=mbs, flash_attention=flash_attention)
+        compute += c
+        other += o
     total = compute + other
     return compute / total if total > 0 else 0.0

@@ -39,10 +39,10 @@ from sailplan.planner.profiles.types import ProfileSet
 from sailplan.planner.search import memopts, stagedp, uneven
 from sailplan.planner.search.capacity import CapacityModel, KindServers, TypeServers
 from sailplan.planner.search.energy import (
-    EnergyEnvelope,
-    candidates,
+    EnergyBound,
     input_problem,
     price_floors,
+    with_energy,
 )
 from sailplan.planner.search.explain import describe_inputs, reasons
 from sailplan.planner.search.objective import Goal, TopK
@@ -192,9 +192,19 @@ class Search:
             sorted((p for p in request.cluster.pools if p.gpus > 0), key=lambda p: p.name)
         )
         self.prices = price_floors(self.costs, self.pools)
-        # the energy objective: an envelope search, then its candidates by energy (energy.py)
+        # the energy objective: exact energies, pruned by their lower bound (energy.py)
+        floor = request.objective.min_samples_per_second
         self.energy = (
-            EnergyEnvelope(catalog, self.pools) if request.objective.kind == "energy" else None
+            EnergyBound(
+                self.context,
+                self.pools,
+                request.global_batch_size,
+                max_slowdown=request.energy_max_slowdown,
+                max_iteration_seconds=request.global_batch_size / floor if floor else None,
+                tensor_parallel_degrees=self._tensor_parallel_degrees,
+            )
+            if request.objective.kind == "energy"
+            else None
         )
         self.total_gpus = sum(p.gpus for p in self.pools)
         self.gpu_types = sorted({p.gpu_type for p in self.pools})
@@ -202,7 +212,9 @@ class Search:
         self.earlier_twins = self._zone_symmetry()
         self.num_layers = request.model.num_layers
         self.stats = _Stats()
-        self.top = TopK(candidates(request.top_k) if self.energy else request.top_k)
+        self.top = TopK(request.top_k)
+        # the energy objective: no plan the search did not price uses less (energy.py)
+        self.energy_floor = float("inf")
         self._boundaries: dict[tuple[int, tuple[_KindKey, ...]], list[list[list[float]]]] = {}
         self._capacities: dict[tuple[TypeServers, ...], CapacityModel] = {}
         self._groups: dict[tuple[int, int, tuple[_KindKey, ...]], _Group] = {}
@@ -538,22 +550,7 @@ class Search:
         if len(self.gpu_types) > 1 and uneven_ok:
             # the trainer's ZeRO-2 reduces per micro-batch: its pipelines cannot split unevenly
             self._uneven_pass([(mbs, dp) for mbs, dp, _, _ in prepared])
-        if self.energy is not None:
-            return self._least_energy(self.top.plans())
         return self.top.plans()
-
-    def _least_energy(self, plans: list[Plan]) -> list[Plan]:
-        """The energy objective's step 2 (search/energy.py): the envelope's candidates
-        ranked by their no-slowdown energy."""
-        assert self.energy is not None
-        ranked = TopK(self.request.top_k)
-        for plan in plans:
-            assert plan.predictions is not None
-            predictions = self.energy.with_energy(plan, plan.predictions, self.context)
-            ranked.offer(
-                self.goal.value(predictions), plan.model_copy(update={"predictions": predictions})
-            )
-        return ranked.plans()
 
     def _uneven_pass(self, prepared: list[tuple[int, int]]) -> None:
         """Plans whose pipelines run on two GPU types with the batch split by speed
@@ -623,7 +620,7 @@ class Search:
                     + float(shortest_tail[longest])
                 )
                 rate_lower = dp * depth * cheapest_price
-                energy = self._energy_lower(dp, depth)
+                energy = self._energy_lower(mbs, dp, depth)
                 if self.goal.time_limit(float("inf"), rate_lower, *energy) < time_lower:
                     continue
                 bound = self.goal.value_lower(time_lower, rate_lower, *energy)
@@ -644,12 +641,12 @@ class Search:
                     continue
             self._solve(mbs, dp, depth, keys, tables)
 
-    def _energy_lower(self, dp: int, depth: int) -> tuple[float, float]:
-        """(least watts, 0 joules) of the energy envelope of a plan of dp x depth stage
-        replicas ((0, 0) for the other objectives; search/energy.py)."""
+    def _energy_lower(self, mbs: int, dp: int, depth: int) -> tuple[float, float]:
+        """(least blocking watts, least joules beyond them) of a plan of dp x depth stage
+        replicas at micro-batch mbs ((0, 0) for the other objectives; search/energy.py)."""
         if self.energy is None:
             return 0.0, 0.0
-        return dp * depth * self.energy.least_watts, 0.0
+        return dp * depth * self.energy.least_watts, self.energy.joules_lower(mbs, dp)
 
     def _out_of_time(self) -> bool:
         if self.deadline is not None and time.monotonic() >= self.deadline:
@@ -677,6 +674,9 @@ class Search:
                         f"({kt.capacity_bytes / GIB:.0f} GiB) even alone at TP {key.tensor_parallel}, "
                         f"micro-batch {mbs}"
                     )
+                    refusal = kt.options.host_refusal(layer, layer + 1, 1) if kt.options else ""
+                    if refusal:
+                        best_where += f"; {refusal}"
             if best > worst:
                 worst, where = best, best_where
         if self.stats.memory_shortfall is None or worst < self.stats.memory_shortfall:
@@ -737,8 +737,18 @@ class Search:
                 fits=kt.fits_list,
                 compute_at=kt.compute_list_at if kt.options is not None else None,
                 tail_at=kt.tail_list_at if kt.options is not None else None,
+                joules=(
+                    self.energy.stage_joules(
+                        sorted({self.pools[i].gpu_type for i in sv.pools}),
+                        k.tensor_parallel,
+                        mbs,
+                        dp,
+                    )
+                    if self.energy is not None
+                    else None
+                ),
             )
-            for k, kt in zip(keys, tables, strict=True)
+            for k, kt, sv in zip(keys, tables, servers, strict=True)
         ]
         # a zone-pure kind may only open its zone once the zone's earlier twins are used
         zone_slots = {
@@ -835,14 +845,30 @@ class Search:
             def limit(usage: tuple[int, ...]) -> float:
                 return self.goal.time_limit(min(self.top.kth(), cap), 0.0)
 
-        if self.energy is not None:
-            slot_watts = self.energy.slot_watts(capacity.servers)
+        energy = self.energy
+        joules = 0.0
+        if energy is not None:
+            slot_watts = energy.slot_watts(capacity.servers)
+            joules = energy.joules_lower(mbs, dp)
+            stage_watts = dp * energy.least_watts
 
             def limit(usage: tuple[int, ...]) -> float:
                 watts = sum(u * w for u, w in zip(usage, slot_watts, strict=True))
                 return self.goal.time_limit(
-                    min(self.top.kth(), cap), capacity.usd_per_hour_lower(usage), watts
+                    min(self.top.kth(), cap), capacity.usd_per_hour_lower(usage), watts, joules
                 )
+
+            # every stage still to come holds at least dp GPUs at the least blocking power
+            def energy_ahead(usage: tuple[int, ...], after: int) -> float:
+                watts = sum(u * w for u, w in zip(usage, slot_watts, strict=True))
+                return self.goal.time_limit(
+                    min(self.top.kth(), cap),
+                    capacity.usd_per_hour_lower(usage),
+                    watts + after * stage_watts,
+                    joules,
+                )
+
+            ahead = energy_ahead
 
         self.stats.dp_runs += 1
         common = {
@@ -853,7 +879,11 @@ class Search:
         }
         cached = len(group.spreads)
         try:
-            results = stagedp.solve(limit=limit, **common)  # type: ignore[arg-type]
+            results = stagedp.solve(
+                limit=limit,
+                every_label=energy is not None,
+                **common,  # type: ignore[arg-type]
+            )
         except stagedp.DeadlineReachedError:
             return
         finally:
@@ -866,6 +896,12 @@ class Search:
                 self._spreads_cached = 0
         self.stats.evaluated += len(results)
         results.sort(key=lambda r: (r.time, r.usage, r.boundaries, r.kinds))
+        if energy is not None:
+            # a plan the DP dropped as dominated uses at least the energy bound of one of
+            # these (search/energy.py): the least of them bounds the optimum from below
+            for result in results:
+                watts = sum(u * w for u, w in zip(result.usage, slot_watts, strict=True))
+                self.energy_floor = min(self.energy_floor, result.time * watts + result.joules)
         for result in results:
             if result.time > limit(result.usage):
                 continue
@@ -906,12 +942,16 @@ class Search:
             self.stats.simulated += 1
             if not self.goal.satisfied(predictions):
                 continue
-            value = (
-                self.goal.value(predictions)
-                if self.energy is None
-                else self.energy.envelope(plan, predictions)
+            if energy is not None:
+                # the plan's own blocking power: its exact energy is only worth solving
+                # when this bound can still enter the top k
+                lower = predictions.iteration_seconds * energy.plan_watts(plan) + result.joules
+                if lower > self.top.kth() * (1 + 1e-9):
+                    continue
+                predictions = energy.exact(plan, predictions)
+            self.top.offer(
+                self.goal.value(predictions), plan.model_copy(update={"predictions": predictions})
             )
-            self.top.offer(value, plan.model_copy(update={"predictions": predictions}))
 
 
 def search(request: PlanRequest, profiles: ProfileSet, catalog: Catalog) -> PlanResult:
@@ -948,9 +988,20 @@ def search(request: PlanRequest, profiles: ProfileSet, catalog: Catalog) -> Plan
     if not plans:
         return _explain_infeasible(request, profiles, catalog, engine, deadline)
     if request.energy_predictions and engine.energy is None:
+        floor = request.objective.min_samples_per_second
         plans = [
             p.model_copy(
-                update={"predictions": EnergyEnvelope.with_energy(p, p.predictions, engine.context)}
+                update={
+                    "predictions": with_energy(
+                        p,
+                        p.predictions,
+                        engine.context,
+                        max_slowdown=request.energy_max_slowdown,
+                        max_iteration_seconds=(
+                            request.global_batch_size / floor if floor else None
+                        ),
+                    )
+                }
             )
             if p.predictions is not None
             else p
@@ -972,12 +1023,17 @@ def search(request: PlanRequest, profiles: ProfileSet, catalog: Catalog) -> Plan
         )
         for i, p in enumerate(plans)
     ]
+    lower = None
+    if engine.energy is not None and not engine.expired:
+        best_energy = engine.goal.value(plans[0].predictions) if plans[0].predictions else 0.0
+        lower = min(engine.energy_floor, best_energy)
     return Planned(
         best=finished[0],
         alternatives=tuple(finished[1:]),
         plans_evaluated=engine.stats.evaluated,
         search_seconds=time.perf_counter() - started,
         exhaustive=not engine.expired,
+        energy_lower_bound=lower,
     )
 
 

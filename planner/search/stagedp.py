@@ -56,6 +56,9 @@ class Kind:
     # them depend on it; None = `compute` and `tail` at every position (also the bounds')
     compute_at: Callable[[int], RowsOf] | None = None
     tail_at: Callable[[int], RowsOf] | None = None
+    # the energy objective (search/energy.py): [a][b] = least GPU joules of such a stage
+    # beyond its blocking power, a fifth Pareto criterion; None = not tracked
+    joules: list[list[float]] | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class DPResult:
     usage: Usage
     boundaries: tuple[int, ...]
     kinds: tuple[int, ...]
+    joules: float = 0.0  # sum of the stages' Kind.joules (0 when not tracked)
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,7 @@ class _Label:
     parent: _Label | None
     end: int  # the last stage's end layer (0 for the empty start)
     kind: int  # the last stage's kind (-1 for the empty start)
+    joules: float = 0.0  # sum of the stages' Kind.joules so far
 
     def path(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(boundaries from 0, kinds) of the plan this label ends."""
@@ -113,11 +118,13 @@ class _Label:
             and self.total <= other.total
             and self.max_tail <= other.max_tail
             and self.open_cycle <= other.open_cycle
+            and self.joules <= other.joules
         )
 
 
 def _insert(front: list[_Label], label: _Label) -> None:
     closed, total, tail, open_cycle = label.closed, label.total, label.max_tail, label.open_cycle
+    joules = label.joules
     beaten = False
     for existing in front:
         if (
@@ -125,6 +132,7 @@ def _insert(front: list[_Label], label: _Label) -> None:
             and existing.total <= total
             and existing.max_tail <= tail
             and existing.open_cycle <= open_cycle
+            and existing.joules <= joules
         ):
             return
         if (
@@ -132,6 +140,7 @@ def _insert(front: list[_Label], label: _Label) -> None:
             and total <= existing.total
             and tail <= existing.max_tail
             and open_cycle <= existing.open_cycle
+            and joules <= existing.joules
         ):
             beaten = True
     if beaten:
@@ -286,8 +295,11 @@ def solve(
     work_bounds: Sequence[tuple[WorkRows, Weighting]] = (),
     spread_cache: dict[tuple[Usage, int], Sequence[float]] | None = None,
     limit_ahead: Callable[[Usage, int], float] | None = None,
+    every_label: bool = False,
 ) -> list[DPResult]:
-    """Minimum iteration time per feasible (usage, last kind) for a P = depth pipeline.
+    """Minimum iteration time per feasible (usage, last kind) for a P = depth pipeline;
+    with every_label, every plan of the final Pareto fronts (for the energy objective,
+    whose value trades the time against the kinds' joules: Kind.joules).
 
     boundary[b][k][j]: seconds to move one activation from a stage of kind k to one of
     kind j that starts at layer b (what crosses may depend on where the cut is).
@@ -395,6 +407,7 @@ def solve(
                 feasible = stage_fits[k][start]
                 compute_row = stage_compute[k][start]
                 tail_row = stage_tail[k][start]
+                joules_row = kind.joules[start] if kind.joules is not None else None
                 two_x = 2.0 * x
                 # the innermost loop: plain comparisons instead of max(), a builtin call
                 # costs several times more here (PLR1730 is silenced for that reason)
@@ -437,6 +450,8 @@ def solve(
                         grown_label = _Label(
                             closed, label_total + t + two_x, max_tail, open_cycle, label, end, k
                         )
+                        if joules_row is not None:
+                            grown_label.joules = label.joules + joules_row[end]
                         key = (end, new_usage, k)
                         bucket = next_fronts.get(key)
                         if bucket is None:
@@ -454,9 +469,12 @@ def solve(
             (
                 label.total + m1 * max(label.closed, label.open_cycle) + label.max_tail + constant,
                 *label.path(),
+                label.joules,
             )
             for label in front
         ]
-        time, boundaries, chosen = min(scored)
-        results.append(DPResult(time=time, usage=usage, boundaries=boundaries, kinds=chosen))
+        for time, boundaries, chosen, joules in scored if every_label else [min(scored)]:
+            results.append(
+                DPResult(time=time, usage=usage, boundaries=boundaries, kinds=chosen, joules=joules)
+            )
     return results

@@ -49,12 +49,11 @@ def _joules(plan: Plan, cluster: ClusterSnapshot) -> float:
     return report.no_slowdown.joules_per_iteration
 
 
-def test_the_energy_objective_takes_fewer_gpus_that_meet_the_floor_with_less_energy() -> None:
-    # Every data-parallel replica computes its share of the same samples on the same GPU
-    # type, but each also runs the full optimizer step and waits in the gradient
-    # all-reduce at blocking power: per iteration a plan on fewer GPUs does the same work
-    # with fewer of these, so it draws less energy while it still meets a low floor. The
-    # throughput objective takes every GPU it can use; the energy objective must not.
+def test_the_energy_objective_uses_less_energy_than_the_fastest_plan_above_the_floor() -> None:
+    # Every data-parallel replica runs the full optimizer step and waits in the gradient
+    # all-reduce at blocking power, so the fastest plan (DP over every GPU) is not the
+    # least energy; under a low floor the energy objective must find a plan that uses
+    # less (here a pipeline whose short stages slow down), and say so.
     fastest = _plan(A100X4, Objective(kind="throughput")).best
     assert fastest.predictions is not None
     floor = 0.4 * fastest.predictions.samples_per_second
@@ -62,7 +61,6 @@ def test_the_energy_objective_takes_fewer_gpus_that_meet_the_floor_with_less_ene
     chosen = energy.best
     assert chosen.predictions is not None and chosen.predictions.energy is not None
     assert chosen.predictions.samples_per_second >= floor * (1 - 1e-9)
-    assert chosen.world_size < fastest.world_size
     # its energy is the energy model's at its no-slowdown clocks, and below the fastest's
     assert chosen.predictions.energy.joules_per_iteration == pytest.approx(
         _joules(chosen, A100X4), rel=1e-9
