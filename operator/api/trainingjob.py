@@ -30,6 +30,7 @@ from sailplan.operator.api.common import (
 )
 from sailplan.operator.api.memory import JobMemory
 from sailplan.operator.replan import defaults
+from sailplan.planner.api import MAX_ENERGY_SLOWDOWN
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.workerenv import DEFAULT_MASTER_PORT, DEFAULT_PODINFO_DIR
 
@@ -297,9 +298,21 @@ class EnergySpec(KubeModel):
     """GPU clocks of the job's workers. NoSlowdown: the node agent (a DaemonSet) locks each
     worker's GPUs to its stage's SM clock at the plan's no-slowdown point (Perseus: stages
     off the critical path slow down just enough to keep up), which the plan carries
-    (predictions.energy.stageClocks); Default: the agent leaves the clocks alone."""
+    (predictions.energy.stageClocks); Default: the agent leaves the clocks alone.
+    maxSlowdown trades time for energy: the plan's clocks (and the Energy objective's
+    ranking) become the least energy with the iteration at most (1 + maxSlowdown) x as
+    long, and no slower than objective.minSamplesPerSecond."""
 
     clocks: Literal["Default", "NoSlowdown"] = "Default"
+    max_slowdown: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=MAX_ENERGY_SLOWDOWN,
+        description="a point on the time-energy frontier, as a fraction of the iteration "
+        f"time (0 to {MAX_ENERGY_SLOWDOWN:g}; 0.05 = at most 5% slower): the clocks the "
+        "plan carries save the most energy within it; 0 = Perseus' no-slowdown point. "
+        "Used where the job plans with energy (objective Energy or clocks NoSlowdown)",
+    )
 
 
 class TrainerSpec(KubeModel):

@@ -196,6 +196,7 @@ def plan_request(job: TrainingJob, model: ModelSpec, cluster: ClusterSnapshot) -
         ),
         max_pipeline_depth=spec.objective.max_pipeline_depth,
         energy_predictions=wants_energy(job),
+        energy_max_slowdown=spec.energy.max_slowdown if wants_energy(job) else 0.0,
         deadline_seconds=(
             float(spec.planning.deadline_seconds)
             if spec.planning.deadline_seconds is not None
@@ -222,10 +223,13 @@ def reprice(
     catalog: Catalog,
     *,
     energy: bool = False,
+    max_slowdown: float = 0.0,
+    min_samples_per_second: float | None = None,
 ) -> Predictions:
     """Predictions of `plan` on `cluster`, with measured profiles and estimates elsewhere
     (the same completion planner.api.make_plan applies to the candidate); with its energy
-    (planner.energy) when asked."""
+    (planner.energy) when asked, at the clocks of the allowed slowdown as the planner
+    prices them (within the throughput floor)."""
     tps = sorted({s.tensor_parallel for s in plan.stages})
     gpus = sorted({w.gpu_type for w in plan.workers()})
     profiles = complete_profiles(
@@ -243,7 +247,15 @@ def reprice(
     context = PlanningContext(
         model=model, cluster=cluster, profiles=profiles, catalog=catalog, optimizer=plan.optimizer
     )
-    return simulate_energy(plan, context) if energy else simulate(plan, context)
+    if not energy:
+        return simulate(plan, context)
+    floor = min_samples_per_second
+    return simulate_energy(
+        plan,
+        context,
+        max_slowdown=max_slowdown,
+        max_iteration_seconds=plan.global_batch_size / floor if floor else None,
+    )
 
 
 def constraint_violations(job: TrainingJob, predicted: Predictions) -> list[str]:
@@ -329,6 +341,8 @@ def decide(
             inputs.measured,
             context.catalog,
             energy=job.spec.objective.kind == "Energy",
+            max_slowdown=job.spec.energy.max_slowdown,
+            min_samples_per_second=job.spec.objective.min_samples_per_second,
         )
     except (MissingProfileError, EnergyError, KeyError, ValueError) as error:
         return Keep(f"the current plan cannot be re-priced on the new cluster: {error}")
