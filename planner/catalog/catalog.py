@@ -126,8 +126,13 @@ class GPUSpec(BaseModel):
     host_memory_gib_per_gpu: float | None = Field(
         default=None,
         gt=0,
-        description="host memory of the type's documented machine shape per GPU; None = "
-        "unknown (optimizer offload's host memory is then not checked)",
+        description="host memory per GPU of every node of this type (a user's catalog "
+        "override; wins over host_memory_gib_by_gpus); None = from the shapes",
+    )
+    host_memory_gib_by_gpus: dict[int, float] = Field(
+        default_factory=dict,
+        description="host memory of the documented machine shape by GPUs per node (GiB); "
+        "empty = unknown (optimizer offload's host memory is then not checked)",
     )
     vm_egress_bytes_per_s: dict[int, float] = Field(
         default_factory=dict,
@@ -161,6 +166,19 @@ class GPUSpec(BaseModel):
         if smaller:
             return self.vm_egress_bytes_per_s[max(smaller)]
         return self.node_network_bytes_per_s
+
+    def host_memory_gib_per_gpu_of(self, gpus_per_node: int | None) -> float | None:
+        """Host memory per GPU of a node with `gpus_per_node` of these GPUs: the override,
+        else its shape's, else (no such shape, or None) the least per GPU of the shapes;
+        None where the catalog knows none."""
+        if self.host_memory_gib_per_gpu is not None:
+            return self.host_memory_gib_per_gpu
+        shapes = self.host_memory_gib_by_gpus
+        if gpus_per_node in shapes:
+            return shapes[gpus_per_node] / gpus_per_node
+        if not shapes:
+            return None
+        return min(gib / gpus for gpus, gib in shapes.items())
 
     def price(self, region: str, spot: bool) -> float:
         entry = self.prices.get(region) or self.prices[DEFAULT_PRICE_REGION]

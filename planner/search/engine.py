@@ -569,6 +569,7 @@ class Search:
             representative=self._representative,
             value_lower=self.goal.value_lower,
             time_limit_ok=lambda t, usd: self.goal.time_limit(float("inf"), usd) >= t,
+            memory_options=self.request.memory_options,
         ).run(
             prepared,
             max_depth=min(self.num_layers, self.request.max_pipeline_depth or self.num_layers),

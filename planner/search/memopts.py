@@ -70,6 +70,10 @@ class OptionTables:
     compute_recomputed: FloatMatrix
     tail: FloatMatrix  # without offload
     tail_offloaded: FloatMatrix
+    # offload's host memory per GPU per range, and what the kind's nodes have (None =
+    # unknown, not checked)
+    host_bytes: FloatMatrix | None = None
+    host_capacity_bytes: float | None = None
     _choices: dict[int, npt.NDArray[np.int8]] = field(default_factory=dict, compare=False)
     _least: dict[int, list[list[float]]] = field(default_factory=dict, compare=False)
 
@@ -107,6 +111,20 @@ class OptionTables:
             least = self._least[in_flight] = np.min(needs, axis=0).tolist()
         return float(least[a][b])
 
+    def host_refusal(self, a: int, b: int, in_flight: int) -> str:
+        """Why offload, which would fit range [a, b) in GPU memory, was not taken: its host
+        memory per GPU against the nodes' ("" where that is not what stopped it)."""
+        if self.host_bytes is None or self.host_capacity_bytes is None:
+            return ""
+        gpu_fits = self.need(OFFLOAD, in_flight)[a, b] <= self.capacity_bytes
+        host = float(self.host_bytes[a, b])
+        if not gpu_fits or host <= self.host_capacity_bytes:
+            return ""
+        return (
+            f"optimizer offload would fit it on the GPU but needs {host / GIB:.1f} GiB of host "
+            f"memory per GPU, the nodes have {self.host_capacity_bytes / GIB:.1f} GiB"
+        )
+
 
 def option_tables(
     costs: CostModel,
@@ -135,12 +153,14 @@ def option_tables(
     no = np.zeros((n, n), dtype=bool)
     yes = np.ones((n, n), dtype=bool)
     link = costs.context.catalog.gpu(table.gpu_type).host_link_bytes_per_s
+    host_bytes = np.asarray(offload_states.host)
+    host = None
     if link is None or costs.context.optimizer != "adam":
         # unpriced without the host link; DeepSpeed's offload updates with CPU Adam only
         offload_ok, offload_tail = no, allreduce + update
     else:
         host = costs.host_memory_bytes(table.gpu_type)
-        offload_ok = yes if host is None else np.asarray(offload_states.host) <= host
+        offload_ok = yes if host is None else host_bytes <= host
         offload_tail = allreduce + np.asarray(costs.offload_seconds(table.gpu_type, params, dp))
     return OptionTables(
         base=(base, offload_base, recompute_base, offload_base + (recompute_base - base)),
@@ -151,6 +171,8 @@ def option_tables(
         compute_recomputed=compute + _range_matrix(table.forward),
         tail=allreduce + update,
         tail_offloaded=offload_tail,
+        host_bytes=host_bytes,
+        host_capacity_bytes=host,
     )
 
 

@@ -163,10 +163,13 @@ def kind_tables(
     layout: AllReduceLayout,
     memory_options: bool = False,
     max_in_flight: int | None = None,
+    force_options: bool = False,
 ) -> KindTables | None:
     """Matrices for a stage of `dp` replicas of (gpu_type, tp) whose all-reduce runs on layout;
     with `memory_options`, recomputation and offload where a range does not fit without
-    (with `max_in_flight`, at most that many micro-batches in flight: the pipeline's count)."""
+    (with `max_in_flight`, at most that many micro-batches in flight: the pipeline's count);
+    `force_options` builds the option tables even where every range fits (the uneven split
+    asks a type what an option another type needs costs it)."""
     table = costs.table(gpu_type, tp, mbs)
     if table is None:
         return None
@@ -196,7 +199,7 @@ def kind_tables(
     capacity = costs.gpu_memory_bytes(gpu_type)
     # every range fits even at the most micro-batches in flight: nothing to choose
     deepest = base + per_flight * min(costs.num_layers, max_in_flight or costs.num_layers)
-    if memory_options and not np.all(deepest[upper] <= capacity):
+    if memory_options and (force_options or not np.all(deepest[upper] <= capacity)):
         options = option_tables(
             costs,
             table,

@@ -23,6 +23,14 @@ and priced by simulate() like every plan the search returns; it is offered only 
 faster than the same placement split evenly, and its reason says by how much. The trainer's
 ZeRO-2 cannot run different counts per pipeline, so the search skips this pass for it.
 
+Memory options (PlanRequest.memory_options, search/memopts.py): a stage's options are one
+pair of Stage fields for all its replicas, so a range takes the union of what each type
+needs at the stage's in-flight count (recomputation if either recomputes, offload if
+either offloads: the option codes OR'ed), the combined kind's compute and tail are the
+two types' under that union, and the range fits only where the union fits both types'
+GPU memory and is allowed on both (offload: host link and host memory). The stage DP
+prices the union, the placed plan carries it, and simulate() prices it again.
+
 Called by engine.Search.run after the even-split passes. Pure.
 """
 
@@ -33,12 +41,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from sailplan.planner.cluster import Pool
 from sailplan.planner.plan import Plan, Predictions, Replica, Stage
 from sailplan.planner.search import stagedp
+from sailplan.planner.search.memopts import BOTH, NONE, OFFLOAD, RECOMPUTE, stage_options
 from sailplan.planner.search.placement import _take
-from sailplan.planner.search.terms import kind_tables
+from sailplan.planner.search.terms import KindTables, kind_tables
 from sailplan.planner.simulator import PlanningContext, simulate
 from sailplan.planner.simulator.costs import Endpoint, one_f_one_b_seconds
 
@@ -55,6 +65,78 @@ class SplitShape:
     fast: tuple[str, str]  # (GPU type, zone) of the fast pipelines
     slow: tuple[str, str]
     fast_pipelines: int
+
+
+def _combined(
+    fast: npt.NDArray[np.float64], slow: npt.NDArray[np.float64], d_fast: int, d_slow: int
+) -> npt.NDArray[np.float64]:
+    """The split-aware time per micro-batch of a stage whose replicas are d_fast of one
+    type and d_slow of the other: D / (d_fast / t_fast + d_slow / t_slow)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        combined = (d_fast + d_slow) / (d_fast / fast + d_slow / slow)
+    out: npt.NDArray[np.float64] = np.where(np.isfinite(fast) & np.isfinite(slow), combined, np.inf)
+    return out
+
+
+class _Union:
+    """The combined kind of two types under memory options: per range and in-flight count
+    the union of both types' option codes (OFFLOAD and RECOMPUTE are bits, BOTH both)."""
+
+    def __init__(self, fast: KindTables, slow: KindTables, d_fast: int, d_slow: int) -> None:
+        assert fast.options is not None and slow.options is not None
+        self.fast, self.slow = fast.options, slow.options
+        self.d_fast, self.d_slow = d_fast, d_slow
+        # the ranges a stage can be at all (a < b, profiled): the kinds' finite entries
+        self.ranges = np.isfinite(fast.compute) & np.isfinite(slow.compute)
+        self._codes: dict[int, npt.NDArray[np.int8]] = {}
+        self._rows: dict[tuple[str, int], list[list[float]]] = {}
+
+    def codes(self, in_flight: int) -> npt.NDArray[np.int8]:
+        """Per range: the union option, -1 where it does not fit or is not allowed on both."""
+        cached = self._codes.get(in_flight)
+        if cached is None:
+            a, b = self.fast.choice(in_flight), self.slow.choice(in_flight)
+            union = (np.maximum(a, 0) | np.maximum(b, 0)).astype(np.int8)
+            ok = (a >= 0) & (b >= 0) & self.ranges
+            for code in (NONE, OFFLOAD, RECOMPUTE, BOTH):
+                here = union == code
+                for side in (self.fast, self.slow):
+                    fits = side.need(code, in_flight) <= side.capacity_bytes
+                    ok &= ~here | (fits & side.allowed[code])
+            cached = self._codes[in_flight] = np.where(ok, union, np.int8(-1)).astype(np.int8)
+        return cached
+
+    def fits(self, in_flight: int) -> list[list[bool]]:
+        fits: list[list[bool]] = (self.codes(in_flight) >= 0).tolist()
+        return fits
+
+    def compute_at(self, in_flight: int) -> list[list[float]]:
+        rows = self._rows.get(("compute", in_flight))
+        if rows is None:
+            recompute = self.codes(in_flight) >= RECOMPUTE
+            fast = np.where(recompute, self.fast.compute_recomputed, self.fast.compute)
+            slow = np.where(recompute, self.slow.compute_recomputed, self.slow.compute)
+            combined = _combined(fast, slow, self.d_fast, self.d_slow)
+            rows = self._rows["compute", in_flight] = np.where(
+                self.ranges, combined, np.inf
+            ).tolist()
+        return rows
+
+    def tail_at(self, in_flight: int) -> list[list[float]]:
+        rows = self._rows.get(("tail", in_flight))
+        if rows is None:
+            codes = self.codes(in_flight)
+            offload = (codes == OFFLOAD) | (codes == BOTH)
+            fast = np.where(offload, self.fast.tail_offloaded, self.fast.tail)
+            slow = np.where(offload, self.slow.tail_offloaded, self.slow.tail)
+            rows = self._rows["tail", in_flight] = np.where(
+                self.ranges, np.maximum(fast, slow), np.inf
+            ).tolist()
+        return rows
+
+    def stage_options(self, a: int, b: int, in_flight: int) -> dict[str, object]:
+        code = int(self.codes(in_flight)[a, b])
+        return dict(stage_options(max(code, NONE)))
 
 
 def pipeline_seconds(plan: Plan, context: PlanningContext, counts: tuple[int, ...]) -> list[float]:
@@ -161,7 +243,9 @@ class UnevenPass:
         representative: Callable[[str, int, str], Endpoint | None],
         value_lower: Callable[[float, float], float],
         time_limit_ok: Callable[[float, float], bool],
+        memory_options: bool = False,
     ) -> None:
+        self.memory_options = memory_options
         self.context = context
         self.costs = context.costs
         self.pools = pools
@@ -282,26 +366,33 @@ class UnevenPass:
         if end_fast is None or end_slow is None:
             return None
         layout = costs.allreduce_layout([end_fast] * d_fast + [end_slow] * d_slow, tp)
-        fast = kind_tables(
-            costs, gpu_type=shape.fast[0], tp=tp, mbs=shape.mbs, dp=dp, layout=layout
-        )
-        slow = kind_tables(
-            costs, gpu_type=shape.slow[0], tp=tp, mbs=shape.mbs, dp=dp, layout=layout
-        )
-        if fast is None or slow is None:
-            return None
-        with np.errstate(divide="ignore", invalid="ignore"):
-            combined = dp / (d_fast / fast.compute + d_slow / slow.compute)
-        combined = np.where(np.isfinite(fast.compute) & np.isfinite(slow.compute), combined, np.inf)
-        tail = np.maximum(fast.tail, slow.tail)
         micro = batch // (shape.mbs * dp)
-        kind = stagedp.Kind(
-            slot=0,
-            gpus=dp * tp,
-            compute=combined.tolist(),
-            tail=tail.tolist(),
-            fits=lambda in_flight: (fast.fits(in_flight) & slow.fits(in_flight)).tolist(),
-        )
+        pair = self._tables(shape, layout, micro)
+        if pair is None:
+            return None
+        fast, slow = pair
+        combined = _combined(fast.compute, slow.compute, d_fast, d_slow)
+        tail = np.maximum(fast.tail, slow.tail)
+        union: _Union | None = None
+        if fast.options is None:
+            kind = stagedp.Kind(
+                slot=0,
+                gpus=dp * tp,
+                compute=combined.tolist(),
+                tail=tail.tolist(),
+                fits=lambda in_flight: (fast.fits(in_flight) & slow.fits(in_flight)).tolist(),
+            )
+        else:
+            union = _Union(fast, slow, d_fast, d_slow)
+            kind = stagedp.Kind(
+                slot=0,
+                gpus=dp * tp,
+                compute=combined.tolist(),
+                tail=tail.tolist(),
+                fits=union.fits,
+                compute_at=union.compute_at,
+                tail_at=union.tail_at,
+            )
         hops = []
         for start in range(num_layers):
             nbytes = costs.boundary_bytes(shape.mbs, max(start, 1))
@@ -340,6 +431,14 @@ class UnevenPass:
         if replicas is None:
             return None
         edges = best.boundaries
+
+        def options(i: int) -> dict[str, object]:
+            if union is None:
+                return {}
+            # the in-flight count stagedp priced stage i at (1F1B: its depth to the end)
+            in_flight = min(shape.depth - i, micro)
+            return dict(union.stage_options(edges[i], edges[i + 1], in_flight))
+
         even = Plan(
             model=self.context.model,
             global_batch_size=batch,
@@ -351,11 +450,43 @@ class UnevenPass:
                     layer_end=edges[i + 1],
                     tensor_parallel=tp,
                     replicas=replicas[i],
+                    **options(i),  # type: ignore[arg-type]
                 )
                 for i in range(shape.depth)
             ),
         )
         return even
+
+    def _tables(
+        self, shape: SplitShape, layout: object, micro: int
+    ) -> tuple[KindTables, KindTables] | None:
+        """Both types' kind tables; with memory options, both with option tables as soon
+        as either needs them (a stage's options are the union of both types' needs)."""
+
+        def build(gpu_type: str, force: bool = False) -> KindTables | None:
+            return kind_tables(
+                self.costs,
+                gpu_type=gpu_type,
+                tp=shape.tp,
+                mbs=shape.mbs,
+                dp=shape.dp,
+                layout=layout,  # type: ignore[arg-type]
+                memory_options=self.memory_options,
+                max_in_flight=micro,
+                force_options=force,
+            )
+
+        fast, slow = build(shape.fast[0]), build(shape.slow[0])
+        if fast is None or slow is None:
+            return None
+        if (fast.options is None) != (slow.options is None):
+            if fast.options is None:
+                fast = build(shape.fast[0], force=True)
+            else:
+                slow = build(shape.slow[0], force=True)
+            if fast is None or slow is None:
+                return None
+        return fast, slow
 
     def _place(self, shape: SplitShape) -> list[tuple[Replica, ...]] | None:
         """Per stage: the fast pipelines' replicas on F's pools, then the slow ones' on S's,

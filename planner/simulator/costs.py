@@ -364,9 +364,19 @@ class CostModel:
         return float(states.host)
 
     def host_memory_bytes(self, gpu_type: str) -> float | None:
-        """Host memory per GPU of the type's nodes, where the catalog knows it."""
-        gib = self.context.catalog.gpu(gpu_type).host_memory_gib_per_gpu
-        return None if gib is None else gib * 2**30
+        """Host memory per GPU of the type's nodes, where the catalog knows it: of the
+        machine shape of each of the cluster's pools of the type (by GPUs per node), the
+        least, since a stage's replicas may land on any of them."""
+        catalog = self.context.catalog
+        spec = catalog.gpu(gpu_type)
+        counts = {
+            pool.gpus_per_node
+            for pool in self.context.cluster.pools
+            if catalog.gpu(pool.gpu_type).name == spec.name
+        }
+        per_gpu = [spec.host_memory_gib_per_gpu_of(n) for n in sorted(counts) or [None]]
+        known = [gib for gib in per_gpu if gib is not None]
+        return min(known) * 2**30 if known else None
 
     def stage_memory_bytes(
         self,

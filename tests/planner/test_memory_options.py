@@ -15,8 +15,9 @@ from pydantic import ValidationError
 from test_simulator import CLUSTER, MODEL, PROFILES, A
 
 from sailplan.planner.api import Infeasible, Planned, PlanRequest, make_plan
-from sailplan.planner.catalog import default_catalog
+from sailplan.planner.catalog import default_catalog, load_catalog
 from sailplan.planner.cluster import ClusterSnapshot, Pool
+from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.plan import Plan, Stage
 from sailplan.planner.simulator import PlanningContext, SimulatorConstants, simulate
 from sailplan.planner.simulator.memory import FP32_BYTES, TrainingSetup
@@ -161,3 +162,72 @@ def test_a_roomy_cluster_gets_no_options() -> None:
     assert isinstance(result, Planned)
     for plan in (result.best, *result.alternatives):
         assert all(s.recompute == "none" and not s.optimizer_offload for s in plan.stages)
+
+
+# A model whose embedding and head hold 3.2e9 parameters per GPU at TP 2: 16 bytes each
+# (DEFAULT_TRAINING's half parameters and fp32 Adam) do not fit an L4's 24 GB, offload
+# keeps 2 + 2 bytes and the largest tensor staged on the GPU (about 18 GiB) and puts
+# (4 + 8 + 4 + 2) bytes and the staging buffer in host memory: about 60 GiB per GPU. Two
+# nodes of 2 GPUs give embedding and head a TP-2 stage each.
+WIDE_VOCABULARY = ModelSpec(
+    name="wide-vocabulary",
+    family="opt",
+    hidden_size=4096,
+    num_blocks=2,
+    num_heads=32,
+    vocab_size=1_562_500,
+    sequence_length=64,
+)
+
+
+def _l4_request(gpus_per_node: int) -> PlanRequest:
+    pool = Pool(
+        name="l4", gpu_type="L4", zone="us-central1-a", nodes=2, gpus_per_node=gpus_per_node
+    )
+    return PlanRequest(
+        model=WIDE_VOCABULARY,
+        # one sample: no data parallelism, whose ZeRO partition would halve the host share
+        global_batch_size=1,
+        cluster=ClusterSnapshot(pools=(pool,)),
+        top_k=1,
+        memory_options=True,
+    )
+
+
+def test_offload_beyond_the_nodes_host_memory_is_refused_with_the_reason() -> None:
+    catalog = default_catalog()
+    # g2-standard-24: 2 L4 and 96 GB, 48 GiB per GPU (catalog host_memory_gib_by_gpus)
+    assert catalog.gpu("L4").host_memory_gib_per_gpu_of(2) == 48
+    refused = make_plan(_l4_request(gpus_per_node=2))
+    assert isinstance(refused, Infeasible), refused
+    assert refused.code == "OutOfMemory"
+    assert "optimizer offload would fit it on the GPU but needs" in refused.reason
+    assert "the nodes have 48.0 GiB" in refused.reason
+    # the same nodes with more host memory per GPU take the offload plan
+    roomy = load_catalog({"gpus": {"L4": {"host_memory_gib_per_gpu": 96}}})
+    planned = make_plan(_l4_request(gpus_per_node=2), catalog=roomy)
+    assert isinstance(planned, Planned), planned
+    assert planned.best.predictions is not None
+    offloaded = [
+        predicted.host_memory_bytes
+        for stage, predicted in zip(
+            planned.best.stages, planned.best.predictions.stages, strict=True
+        )
+        if stage.optimizer_offload
+    ]
+    # what the refusal was about: more than the 48 GiB, within the 96
+    assert offloaded and 48 * 2**30 < max(offloaded) <= 96 * 2**30
+
+
+def test_host_memory_per_gpu_follows_the_pools_machine_shape() -> None:
+    catalog = default_catalog()
+    l4, v100, h100 = catalog.gpu("L4"), catalog.gpu("V100-16"), catalog.gpu("H100-80")
+    assert l4.host_memory_gib_per_gpu_of(1) == 128  # g2-standard-32
+    assert l4.host_memory_gib_per_gpu_of(8) == 48  # g2-standard-96
+    assert v100.host_memory_gib_per_gpu_of(4) == 78  # N1 with 4 V100: 312 GB at most
+    assert h100.host_memory_gib_per_gpu_of(8) == 234  # a3-highgpu-8g
+    # a GPU count without a documented shape: the least per GPU of those documented
+    assert l4.host_memory_gib_per_gpu_of(3) == 48
+    # every GKE GPU type of the catalog now says its nodes' host memory
+    for name in ("V100-16", "A100-40", "A100-80", "H100-80", "H200-141", "L4", "T4"):
+        assert catalog.gpu(name).host_memory_gib_by_gpus, name
