@@ -374,7 +374,11 @@ class CostModel:
             for pool in self.context.cluster.pools
             if catalog.gpu(pool.gpu_type).name == spec.name
         }
-        per_gpu = [spec.host_memory_gib_per_gpu_of(n) for n in sorted(counts) or [None]]
+        per_gpu = (
+            [spec.host_memory_gib_per_gpu_of(n) for n in sorted(counts)]
+            if counts
+            else [spec.host_memory_gib_per_gpu_of(None)]
+        )
         known = [gib for gib in per_gpu if gib is not None]
         return min(known) * 2**30 if known else None
 
