@@ -28,7 +28,7 @@ from sailplan.planner.profiles.sailor import (
 )
 from sailplan.planner.profiles.store import ProfileStoreError, load_profile_dir
 from sailplan.planner.profiles.types import ProfileSet
-from sailplan.planner.simulator import MissingProfileError, PlanningContext, simulate
+from sailplan.planner.simulator import MissingProfileError, PlanningContext, simulate, zone_links
 
 DEFAULT_SAILOR_MODEL = "OPT-350M"  # the model of every plan in the Sailor artifact
 
@@ -149,7 +149,9 @@ def estimated_inputs(
     loaded: LoadedPlan, measured: ProfileSet | None, catalog: Catalog
 ) -> list[str]:
     """The compute profiles simulate_plan had to estimate, each with how (the roofline, a
-    measurement on another GPU scaled by the GPU ratio, a measured point scaled)."""
+    measurement on another GPU scaled by the GPU ratio, a measured point scaled), and the
+    links between zones whose pair was not measured, each with the curve that stood in
+    (simulator.zone_links: the class curve, the median of measured pairs, the catalog)."""
     plan = loaded.plan
     context = plan_context(plan, loaded.cluster, measured, catalog)
     lines = []
@@ -161,6 +163,12 @@ def estimated_inputs(
             if found is not None and found.provenance.source == "estimated":
                 how = found.provenance.note or found.provenance.tool
                 lines.append(f"{found.key} ({found.provenance.tool}: {how})")
+    for a, b, link in zone_links(plan, context):
+        if link.source == "estimated":
+            lines.append(
+                f"{link.key} ({a.zone}/{a.gpu_type} -> {b.zone}/{b.gpu_type} not measured: "
+                f"priced from {link.how})"
+            )
     return lines
 
 

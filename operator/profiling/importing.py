@@ -3,7 +3,8 @@
 Users who measured profiles elsewhere (a Sailor artifact, an earlier `sailplan-profile` run)
 load them into the store so no TrainingJob profiles them again. The profiles are grouped by
 the same keys the profiling Jobs use (compute/<model>/<gpu>, network/<link>/<gpu>/<peer>
-[/n<G>]) and written with results.keyed_configmap, so an import and a profiling Job of the
+[/n<G>], network/<link>/<zone>/<gpu>/<zone>/<gpu>/n<G> for a zone pair, both directions
+in one) and written with results.keyed_configmap, so an import and a profiling Job of the
 same key replace one another instead of piling up; every group stays far below the 1 MiB
 ConfigMap limit. Only measured profiles are imported: the store is where measured profiles
 live, and estimates are computed by the planner on demand. Called by the CLI command in
@@ -17,7 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from sailplan.operator.profiling.results import keyed_configmap
-from sailplan.planner.profiles.types import ComputeProfile, NetworkProfile, ProfileSet
+from sailplan.planner.profiles.types import (
+    ComputeProfile,
+    NetworkProfile,
+    ProfileSet,
+    zone_pair_key,
+)
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,15 @@ def store_key(profile: ComputeProfile | NetworkProfile) -> str:
     """The profile-store key of a profile (the key of the Need that would measure it)."""
     if isinstance(profile, ComputeProfile):
         return f"compute/{profile.model}/{profile.gpu_type}"
+    if profile.zone_pair:  # both directions of a zone pair in one entry, as its Job stores them
+        return zone_pair_key(
+            profile.link,
+            profile.zone,
+            profile.gpu_type,
+            profile.peer_zone,
+            profile.peer_gpu_type,
+            profile.gpus_per_node,
+        )
     size = f"/n{profile.gpus_per_node}" if profile.gpus_per_node else ""
     return profile.key + size
 

@@ -263,18 +263,21 @@ def render_compute_job(job: TrainingJob, need: ComputeNeed, pool: GPUPool) -> di
     )
 
 
-def _network_command(need: NetworkNeed, gpu_type: str, peer: str) -> list[str]:
+def _network_command(need: NetworkNeed, site: Site, other: Site) -> list[str]:
     """One rank per GPU the pod holds (`flows`); every measure of the link, filed under that
-    node shape, so the results carry the need's key (importing.store_key)."""
+    node shape (and, between zones, under this pod's and the peer's zones), so the results
+    carry the need's key (importing.store_key)."""
+    zones = ["--zone", site.zone, "--peer-zone", other.zone] if need.zone_pair else []
     return [
         "sailplan-profile",
         "network",
         "--link",
         need.link,
         "--gpu-type",
-        gpu_type,
+        site.gpu_type,
         "--peer-gpu-type",
-        peer,
+        other.gpu_type,
+        *zones,
         "--gpus-per-node",
         str(need.flows),
         "--procs-per-node",
@@ -291,7 +294,7 @@ def render_network_objects(
 ) -> list[dict[str, Any]]:
     """The objects one network need takes: one Job (intra-node), or a Service and two Jobs."""
     if need.link == "intra-node":
-        command = _network_command(need, need.site.gpu_type, need.site.gpu_type)
+        command = _network_command(need, need.site, need.site)
         spec = _pod_spec(job, need.site, pools[need.site.gpupool], command=command, gpus=need.flows)
         return [_job(job, job_name(job, need), need, pod_labels=labels(job, need), pod_spec=spec)]
     service = service_name(job, need)
@@ -322,7 +325,7 @@ def render_network_objects(
             {"name": "MASTER_ADDR", "value": master},
             {"name": "MASTER_PORT", "value": str(PROFILER_PORT)},
         ]
-        command = _network_command(need, site.gpu_type, other.gpu_type)
+        command = _network_command(need, site, other)
         spec = _pod_spec(
             job, site, pools[site.gpupool], command=command, gpus=need.flows, env=tuple(env)
         )

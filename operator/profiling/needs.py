@@ -12,8 +12,12 @@ simulator's network model needs (simulator/collectives.py), per node shape:
 - between every pair of pools (same zone, across zones, across regions; GPU types at each
   end): two pods, each with `flows` = the smaller node's GPUs, measure p2p both ways,
   `flows` concurrent flows both ways (the node's aggregate rate) and the all-reduce over
-  both nodes; satisfied by a measured `concurrent` profile of that pair and shape (and, for
-  two nodes of one GPU type and shape, an `allreduce` one).
+  both nodes. In one zone: satisfied by a measured `concurrent` profile of that GPU pair
+  and shape (and, for two nodes of one GPU type and shape, an `allreduce` one). Across
+  zones or regions the need is the pair of zones itself (key network/<link>/<zone>/<gpu>/
+  <zone>/<gpu>/n<flows>, ends sorted): satisfied by measured zone-pair p2p profiles of
+  both directions of exactly those zones, GPU types and shape; one measurement of a link
+  class no longer stands for every pair of zones in it.
 
 A need disappears as soon as those profiles are measured.
 
@@ -31,11 +35,14 @@ from typing import Final, Literal
 from sailplan.operator.reconcile.naming import split_pool_key
 from sailplan.planner.cluster import ClusterSnapshot, Pool
 from sailplan.planner.modelspec import ModelSpec
-from sailplan.planner.profiles.types import LinkClass, Measure, ProfileSet
+from sailplan.planner.profiles.types import LinkClass, Measure, ProfileSet, zone_pair_key
 
 # planner.api searches micro-batch sizes that divide the global batch up to this size
 # (its _MAX_ESTIMATED_MICRO_BATCH); profiling covers the same grid.
 MAX_MICRO_BATCH: Final = 32
+# Link classes measured per pair of zones (NetworkProfile.zone / peer_zone); inside a zone
+# the node NIC and the collective are properties of the GPU type and node shape.
+CROSS_ZONE: Final[frozenset[LinkClass]] = frozenset({"inter-zone", "inter-region"})
 
 
 @dataclass(frozen=True)
@@ -81,8 +88,23 @@ class NetworkNeed:
         return max(1, min(self.site.gpus_per_node, self.peer.gpus_per_node))
 
     @property
+    def zone_pair(self) -> bool:
+        """Whether the Job measures a pair of zones (its profiles carry both zones)."""
+        return self.link in CROSS_ZONE
+
+    @property
     def key(self) -> str:
-        """network/<link>/<gpu>/<peer>/n<flows>: the store key of what the Job measures."""
+        """The store key of what the Job measures: network/<link>/<gpu>/<peer>/n<flows>,
+        or, between zones, network/<link>/<zone>/<gpu>/<zone>/<gpu>/n<flows>."""
+        if self.zone_pair:
+            return zone_pair_key(
+                self.link,
+                self.site.zone,
+                self.site.gpu_type,
+                self.peer.zone,
+                self.peer.gpu_type,
+                self.flows,
+            )
         return f"network/{self.link}/{self.site.gpu_type}/{self.peer.gpu_type}/n{self.flows}"
 
 
@@ -126,7 +148,22 @@ def _measured_network(  # noqa: PLR0917 (a lookup's coordinates)
     )
 
 
+def _zone_pair_measured(profiles: ProfileSet, need: NetworkNeed) -> bool:
+    """Both directions' p2p curve measured between exactly these zones, GPU types and shape
+    (what CostModel.zone_link prices a link between zones from)."""
+    n = need.flows
+    for sender, receiver in ((need.site, need.peer), (need.peer, need.site)):
+        found = profiles.zone_pair_profile(
+            sender.zone, sender.gpu_type, receiver.zone, receiver.gpu_type, n
+        )
+        if found is None or found.provenance.source != "measured" or found.gpus_per_node != n:
+            return False
+    return True
+
+
 def _pair_measured(profiles: ProfileSet, need: NetworkNeed) -> bool:
+    if need.zone_pair:
+        return _zone_pair_measured(profiles, need)
     a, b, n = need.site.gpu_type, need.peer.gpu_type, need.flows
     if not _measured_network(profiles, need.link, a, b, n, "concurrent"):
         return False
@@ -168,8 +205,12 @@ def missing_profiles(
         for b in pools[i:]:
             if a is b and a.nodes < 2:
                 continue  # two pods on distinct nodes of one pool need two nodes
-            first, second = sorted((a, b), key=lambda p: (p.gpu_type, p.name))
-            between = NetworkNeed(link_class(a, b), Site.of(first), Site.of(second))
+            link = link_class(a, b)
+            if link in CROSS_ZONE:  # the ends in the order zone_pair_key names them
+                first, second = sorted((a, b), key=lambda p: (p.zone, p.gpu_type, p.name))
+            else:
+                first, second = sorted((a, b), key=lambda p: (p.gpu_type, p.name))
+            between = NetworkNeed(link, Site.of(first), Site.of(second))
             if not _pair_measured(measured, between):
                 needs.setdefault(between.key, between)
     return tuple(needs[key] for key in sorted(needs))

@@ -2,7 +2,8 @@
 
 The operator reads the `report` container's log of the Job's succeeded pod (rank 0 for a
 network pair), parses the ProfileSet between the markers, keeps only measured profiles of
-what the Job was asked to measure (a pod cannot inject profiles for other GPUs or links),
+what the Job was asked to measure (a pod cannot inject profiles for other GPUs, links or
+zone pairs),
 and creates one ConfigMap in the profile store namespace, labelled as
 operator/profilestore.py reads it. The ConfigMap has no owner: profiles outlive the job
 that measured them and serve every later job on the same GPUs and links.
@@ -67,12 +68,18 @@ def relevant(profiles: ProfileSet, need: Need) -> ProfileSet:
             and (p.model, p.gpu_type) == (need.model.name, need.site.gpu_type)
         )
         return ProfileSet(compute=compute)
+    ends = {(need.site.zone, need.site.gpu_type), (need.peer.zone, need.peer.gpu_type)}
     network = tuple(
         p
         for p in profiles.network
         if p.provenance.source == "measured"
         and p.link == need.link
         and {p.gpu_type, p.peer_gpu_type} <= {need.site.gpu_type, need.peer.gpu_type}
+        # between zones only the pair's own curves (no class-wide profile from this pod)
+        and (
+            not need.zone_pair
+            or (p.zone_pair and {(p.zone, p.gpu_type), (p.peer_zone, p.peer_gpu_type)} == ends)
+        )
     )
     return ProfileSet(network=network)
 

@@ -5,6 +5,8 @@ Reads (all relative to the artifact root):
 - network/intra_node_bandwidths.json    {gpu: {gpus_per_vm: [[c0, c1, c2], max_Bps]}}
   (network/gcp_intra_node_bandwidths.json where the first is absent)
 - network/multizone_bandwidths_het.json sender_zone -> gpu -> n -> receiver_zone -> gpu -> n
+  (each pair of different zones becomes a zone-pair profile, sender first; every link
+  class also gets the median of its pairs, for zone pairs the artifact did not measure)
 - models/llm_info.json                  per-layer parameter and activation sizes
 - validation plans (plan_from_sailor)   Sailor's plan dictionaries with measurements
 
@@ -243,6 +245,7 @@ def import_network(root: Path, catalog: Catalog) -> tuple[list[NetworkProfile], 
         # Several zone pairs fall in one link class; keep the median one (by bandwidth of a
         # 64 MB message) so one unlucky or lucky measurement does not decide the class.
         groups: dict[tuple[LinkClass, str, str, int], list[BandwidthCurve]] = {}
+        pairs: dict[tuple[str, str, str, str, int], tuple[LinkClass, BandwidthCurve]] = {}
         for zone_a, by_gpu in _read_json(het).items():
             for gpu_a_name, by_count in by_gpu.items():
                 for count_a, by_zone in by_count.items():
@@ -257,8 +260,12 @@ def import_network(root: Path, catalog: Catalog) -> tuple[list[NetworkProfile], 
                             except CatalogError as error:
                                 skipped.append(f"{het}: {error}")
                                 continue
-                            key = (_link_between(zone_a, zone_b), gpu_a, gpu_b, int(count_a))
-                            groups.setdefault(key, []).append(_curve(entry, het))
+                            link = _link_between(zone_a, zone_b)
+                            curve = _curve(entry, het)
+                            groups.setdefault((link, gpu_a, gpu_b, int(count_a)), []).append(curve)
+                            if zone_a != zone_b:
+                                # the pair itself, in this direction (sender first)
+                                pairs[(zone_a, gpu_a, zone_b, gpu_b, int(count_a))] = (link, curve)
         for (link, gpu_a, gpu_b, count), curves in sorted(groups.items()):
             ranked = sorted(curves, key=lambda c: c.bytes_per_second(64e6))
             median = ranked[(len(ranked) - 1) // 2]
@@ -269,6 +276,19 @@ def import_network(root: Path, catalog: Catalog) -> tuple[list[NetworkProfile], 
                     peer_gpu_type=gpu_b,
                     gpus_per_node=count,
                     curve=median,
+                    provenance=_provenance(het, gpu_a),
+                )
+            )
+        for (zone_a, gpu_a, zone_b, gpu_b, count), (link, curve) in sorted(pairs.items()):
+            network.append(
+                NetworkProfile(
+                    link=link,
+                    gpu_type=gpu_a,
+                    peer_gpu_type=gpu_b,
+                    zone=zone_a,
+                    peer_zone=zone_b,
+                    gpus_per_node=count,
+                    curve=curve,
                     provenance=_provenance(het, gpu_a),
                 )
             )

@@ -16,6 +16,11 @@ from typing import Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 PROFILE_API_VERSION: Final = "sailplan.dev/v1alpha1"
+# NetworkProfile documents that name the zones at their two ends (a zone-pair curve) are
+# written as v1alpha2, so an operator that predates zone pairs reports them as one
+# unreadable document (profilestore: never fatal) instead of mistaking one zone pair's curve
+# for its whole link class; documents without zones stay v1alpha1, readable by both.
+ZONE_PAIR_API_VERSION: Final = "sailplan.dev/v1alpha2"
 
 Source = Literal["measured", "estimated"]
 LinkClass = Literal["intra-node", "intra-zone", "inter-zone", "inter-region"]
@@ -160,31 +165,78 @@ class BandwidthCurve(BaseModel):
 
 
 class NetworkProfile(BaseModel):
-    """Point-to-point bandwidth of one link class, optionally specific to GPU types.
+    """Bandwidth of one link class, optionally specific to GPU types and to a zone pair.
 
     `gpu_type` / `peer_gpu_type` narrow the profile to links between VMs of those GPU types
-    (intra-node links are always specific to one GPU type); empty means any.
+    (intra-node links are always specific to one GPU type); empty means any. `zone` /
+    `peer_zone` narrow it further to one (sender zone, receiver zone) pair, `gpu_type` then
+    being the sender's GPU and `peer_gpu_type` the receiver's: a zone-pair profile is one
+    direction of one pair of pools' zones (A -> B may differ from B -> A); the all-reduce,
+    which has no direction, is filed under the pair as its Job measured it. Empty zones: the
+    profile stands for its whole link class (older stores, Sailor's class medians).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    api_version: Literal["sailplan.dev/v1alpha1"] = PROFILE_API_VERSION
+    api_version: Literal["sailplan.dev/v1alpha1", "sailplan.dev/v1alpha2"] = PROFILE_API_VERSION
     kind: Literal["NetworkProfile"] = "NetworkProfile"
     link: LinkClass
     gpu_type: str = ""
     peer_gpu_type: str = ""
+    zone: str = Field(default="", description="sender's zone; empty = any zone of the class")
+    peer_zone: str = Field(default="", description="receiver's zone; empty = any")
     gpus_per_node: int = Field(default=0, ge=0, description="0 = any")
     measure: Measure = "p2p"
     ranks: int = Field(default=0, ge=0, description="processes measured together; 0 = unsaid")
     curve: BandwidthCurve
     provenance: Provenance
 
+    @model_validator(mode="before")
+    @classmethod
+    def _zone_pair_version(cls, data: object) -> object:
+        """A zone-pair profile built without an api_version is a v1alpha2 document."""
+        if (
+            isinstance(data, dict)
+            and (data.get("zone") or data.get("peer_zone"))
+            and "api_version" not in data
+        ):
+            return {**data, "api_version": ZONE_PAIR_API_VERSION}
+        return data
+
+    @model_validator(mode="after")
+    def _zones_complete(self) -> NetworkProfile:
+        if bool(self.zone) != bool(self.peer_zone):
+            raise ValueError("a zone-pair profile names both zone and peer_zone")
+        if self.zone and self.api_version != ZONE_PAIR_API_VERSION:
+            raise ValueError(f"a zone-pair profile is {ZONE_PAIR_API_VERSION}")
+        if self.zone and (self.link == "intra-node" or not self.gpu_type or not self.peer_gpu_type):
+            raise ValueError("a zone-pair profile is between nodes and names both GPU types")
+        return self
+
+    @property
+    def zone_pair(self) -> bool:
+        return bool(self.zone)
+
     @property
     def key(self) -> str:
-        """Link and GPU pair: the profile-store key (one store entry holds every measure and
-        node shape of a link, as one profiling Job measures them together)."""
+        """Link and GPU pair (and zones): the profile-store key (one store entry holds every
+        measure and node shape of a link, as one profiling Job measures them together)."""
+        if self.zone_pair:
+            return (
+                f"network/{self.link}/{self.zone}/{self.gpu_type}/"
+                f"{self.peer_zone}/{self.peer_gpu_type}"
+            )
         pair = "/".join(x for x in (self.gpu_type, self.peer_gpu_type) if x)
         return f"network/{self.link}" + (f"/{pair}" if pair else "")
+
+
+def zone_pair_key(  # noqa: PLR0917 (a link's coordinates)
+    link: LinkClass, zone: str, gpu_type: str, peer_zone: str, peer_gpu_type: str, gpus: int
+) -> str:
+    """The store key of a zone pair's profiles: the two ends in sorted order (a profiling Job
+    measures both directions into one entry), then the node shape."""
+    (z1, g1), (z2, g2) = sorted(((zone, gpu_type), (peer_zone, peer_gpu_type)))
+    return f"network/{link}/{z1}/{g1}/{z2}/{g2}/n{gpus}"
 
 
 class ProfileSet(BaseModel):
@@ -236,9 +288,12 @@ class ProfileSet(BaseModel):
 
         Within one GPU pair, a profile measured with `gpus_per_node` GPUs per VM beats one
         for any count (0), which beats one for another count; measured beats estimated.
-        Only profiles of the asked `measure` count (a bus bandwidth is not a p2p rate).
+        Only profiles of the asked `measure` count (a bus bandwidth is not a p2p rate), and
+        only profiles of the whole class: a zone pair's curve is zone_pair_profile's.
         """
-        candidates = [p for p in self.network if p.link == link and p.measure == measure]
+        candidates = [
+            p for p in self.network if p.link == link and p.measure == measure and not p.zone_pair
+        ]
         wanted = [
             (gpu_type, peer_gpu_type),
             (peer_gpu_type, gpu_type),
@@ -257,6 +312,56 @@ class ProfileSet(BaseModel):
                     ),
                 )
         return None
+
+    def zone_pair_profile(  # noqa: PLR0917 (a link's coordinates)
+        self,
+        zone: str,
+        gpu_type: str,
+        peer_zone: str,
+        peer_gpu_type: str,
+        gpus_per_node: int = 0,
+        measure: Measure = "p2p",
+    ) -> NetworkProfile | None:
+        """The profile measured from (zone, gpu_type) to (peer_zone, peer_gpu_type): that
+        direction and GPU pair only; within it measured beats estimated, then the node shape
+        `gpus_per_node` beats any (0) beats the nearest other shape."""
+        matches = self._zone_pair_index.get((zone, gpu_type, peer_zone, peer_gpu_type, measure))
+        if not matches:
+            return None
+        return max(
+            matches,
+            key=lambda p: (
+                _rank(p.provenance),
+                2 if p.gpus_per_node == gpus_per_node else 1 if p.gpus_per_node == 0 else 0,
+                -abs(p.gpus_per_node - gpus_per_node),
+            ),
+        )
+
+    def zone_pair_profiles(
+        self, link: LinkClass, gpu_type: str, peer_gpu_type: str, measure: Measure = "p2p"
+    ) -> tuple[NetworkProfile, ...]:
+        """Every measured zone-pair profile of a link class between two GPU types (either
+        direction), in a stable order: what a class curve may be made of."""
+        return tuple(
+            p
+            for p in self.network
+            if p.zone_pair
+            and p.link == link
+            and p.measure == measure
+            and p.provenance.source == "measured"
+            and {p.gpu_type, p.peer_gpu_type} == {gpu_type, peer_gpu_type}
+        )
+
+    @cached_property
+    def _zone_pair_index(
+        self,
+    ) -> dict[tuple[str, str, str, str, Measure], list[NetworkProfile]]:
+        index: dict[tuple[str, str, str, str, Measure], list[NetworkProfile]] = {}
+        for p in self.network:
+            if p.zone_pair:
+                key = (p.zone, p.gpu_type, p.peer_zone, p.peer_gpu_type, p.measure)
+                index.setdefault(key, []).append(p)
+        return index
 
     def merged(self, other: ProfileSet) -> ProfileSet:
         return ProfileSet(

@@ -17,7 +17,7 @@ from sailplan.planner.simulator.costs import (
     in_flight_micro_batches,
     one_f_one_b_seconds,
 )
-from sailplan.planner.simulator.simulate import profile_refs, simulate
+from sailplan.planner.simulator.simulate import profile_refs, simulate, zone_links
 
 __all__ = [
     "DEFAULT_CONSTANTS",
@@ -31,4 +31,5 @@ __all__ = [
     "one_f_one_b_seconds",
     "profile_refs",
     "simulate",
+    "zone_links",
 ]

@@ -36,6 +36,7 @@ from sailplan.planner.profiles.types import (
     Measure,
     NetworkProfile,
     Source,
+    zone_pair_key,
 )
 from sailplan.planner.simulator.collectives import (
     NETWORK_HOP_LATENCY_S,
@@ -206,6 +207,22 @@ def scaled_curve(curve: BandwidthCurve, factor: float) -> BandwidthCurve:
     )
 
 
+@dataclass(frozen=True)
+class ZoneLink:
+    """The curve a link between two zones is priced from, and what it rests on.
+
+    key: the zone pair's store key (profiles.types.zone_pair_key); source: measured when the
+    pair's own curve for that direction was measured; how: which curve stood in otherwise
+    (the class curve measured elsewhere, the median of the class's measured zone pairs, or
+    the catalog's estimate), as `sailplan simulate` names it.
+    """
+
+    curve: BandwidthCurve
+    key: str
+    source: Source
+    how: str
+
+
 class CostModel:
     """Cost tables and cached link/price lookups for one PlanningContext."""
 
@@ -224,6 +241,7 @@ class CostModel:
         self._memory: dict[str, float] = {}
         self._p2p: dict[tuple[str, str, str, str, str, str, int, bool, float, int], float] = {}
         self._shape_profiles: dict[tuple[LinkClass, str, int, Measure], NetworkProfile | None] = {}
+        self._zone_links: dict[tuple[str, str, str, str, int], ZoneLink] = {}
 
     # -- compute -------------------------------------------------------------------------
 
@@ -477,8 +495,57 @@ class CostModel:
     ) -> BandwidthCurve:
         # A TP group on one node uses that node's links: the curve measured with that many
         # GPUs per VM (Sailor's convention: min(TP, GPUs per node)).
-        gpus = max(1, min(tp, self.gpus_per_node(a), self.gpus_per_node(b)))
-        return self.curve(self.link_class(a, b, same_node), a.gpu_type, b.gpu_type, gpus)
+        gpus = self.zone_link_gpus(a, b, tp)
+        link = self.link_class(a, b, same_node)
+        if link in {"inter-zone", "inter-region"}:
+            return self.zone_link(a, b, gpus).curve
+        return self.curve(link, a.gpu_type, b.gpu_type, gpus)
+
+    def zone_link(self, a: EndpointLike, b: EndpointLike, gpus_per_node: int) -> ZoneLink:
+        """The link from a's zone to b's (different zones), for nodes of `gpus_per_node` GPUs.
+
+        The pair's own curve when the profile store measured that direction between those
+        zones and GPU types (the nearest node shape measured, as network_profile picks);
+        else the link class stands in, and the ZoneLink says how: a curve measured for the
+        whole class (an older store, a Sailor class median); else the median, by the rate of
+        a 64 MB message, of the class's measured zone pairs of these GPU types (the rule the
+        Sailor importer's class medians follow); else the class's estimate (catalog).
+        """
+        cache = (a.zone, a.gpu_type, b.zone, b.gpu_type, gpus_per_node)
+        found = self._zone_links.get(cache)
+        if found is not None:
+            return found
+        profiles = self.context.profiles
+        link = self.link_class(a, b)
+        key = zone_pair_key(link, a.zone, a.gpu_type, b.zone, b.gpu_type, gpus_per_node)
+        pair = profiles.zone_pair_profile(a.zone, a.gpu_type, b.zone, b.gpu_type, gpus_per_node)
+        if pair is not None and pair.provenance.source == "measured":
+            version = pair.provenance.date or pair.provenance.tool_version
+            found = ZoneLink(pair.curve, key, "measured", version)
+        else:
+            whole = profiles.network_profile(link, a.gpu_type, b.gpu_type, gpus_per_node)
+            others = profiles.zone_pair_profiles(link, a.gpu_type, b.gpu_type)
+            same_shape = [p for p in others if p.gpus_per_node == gpus_per_node]
+            others = tuple(same_shape) or others
+            if whole is not None and whole.provenance.source == "measured":
+                how = f"the {link} class curve {whole.key} (measured)"
+                found = ZoneLink(whole.curve, key, "estimated", how)
+            elif others:
+                ranked = sorted(
+                    others, key=lambda p: (p.curve.bytes_per_second(64e6), p.curve.coefficients)
+                )
+                median = ranked[(len(ranked) - 1) // 2].curve
+                how = f"the median of {len(ranked)} measured {link} zone pairs"
+                found = ZoneLink(median, key, "estimated", how)
+            else:
+                curve = self.curve(link, a.gpu_type, b.gpu_type, gpus_per_node)
+                found = ZoneLink(curve, key, "estimated", f"the {link} class estimate (catalog)")
+        self._zone_links[cache] = found
+        return found
+
+    def zone_link_gpus(self, a: EndpointLike, b: EndpointLike, tp: int) -> int:
+        """The node shape a pipeline send between a and b is priced at (_group_curve's)."""
+        return max(1, min(tp, self.gpus_per_node(a), self.gpus_per_node(b)))
 
     def shape_profile(
         self, link: LinkClass, gpu_type: str, gpus_per_node: int, measure: Measure
@@ -655,6 +722,15 @@ class CostModel:
         """The ring NCCL would build: grouped by zone then pool, so each zone is entered once."""
         return sorted(replicas, key=lambda r: (region_of(r.zone), r.zone, r.pool, r.gpu_type))
 
+    @staticmethod
+    def ring_zone_edges(ring: Sequence[E]) -> list[tuple[E, E]]:
+        """The zone-crossing edges of a ring (ring_order's): from the first replica of each
+        zone to the first of the next, the last zone back to the first; none in one zone."""
+        zones = [r for i, r in enumerate(ring) if i == 0 or r.zone != ring[i - 1].zone]
+        if len(zones) < 2:
+            return []
+        return [(a, zones[(i + 1) % len(zones)]) for i, a in enumerate(zones)]
+
     def allreduce_layout(self, replicas: Sequence[EndpointLike], tp: int = 1) -> AllReduceLayout:
         """Where a stage's data-parallel group runs (see collectives.AllReduceLayout).
 
@@ -696,10 +772,8 @@ class CostModel:
             if pair is not None:
                 inter.append(pair)
         zones = [r for i, r in enumerate(ring) if i == 0 or r.zone != ring[i - 1].zone]
-        if len(zones) > 1:
-            for i, a in enumerate(zones):
-                b = zones[(i + 1) % len(zones)]
-                inter.append(self._group_curve(a, b, self.gpus_per_node(a), False))
+        for a, b in self.ring_zone_edges(ring):
+            inter.append(self._group_curve(a, b, self.gpus_per_node(a), False))
         probe = 64e6
         slowest_inter = min(inter, key=lambda c: (c.bytes_per_second(probe), c.coefficients))
         if intra:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from sailplan.planner.plan import Plan, Predictions, ProfileRef, Replica, StagePrediction
 from sailplan.planner.profiles.types import Source
 from sailplan.planner.simulator.context import PlanningContext
-from sailplan.planner.simulator.costs import one_f_one_b_seconds
+from sailplan.planner.simulator.costs import ZoneLink, one_f_one_b_seconds
 
 
 def simulate(plan: Plan, context: PlanningContext) -> Predictions:
@@ -254,6 +254,8 @@ def profile_refs(plan: Plan, context: PlanningContext) -> tuple[ProfileRef, ...]
             pairs.extend((ring[i], ring[(i + 1) % len(ring)]) for i in range(len(ring)))
     for a, b in pairs:
         link = costs.link_class(a, b)
+        if link in {"inter-zone", "inter-region"}:
+            continue  # priced per zone pair (zone_links below)
         network = context.profiles.network_profile(link, a.gpu_type, b.gpu_type)
         if network is not None:
             refs[network.key] = ProfileRef(
@@ -264,6 +266,14 @@ def profile_refs(plan: Plan, context: PlanningContext) -> tuple[ProfileRef, ...]
         else:
             key = f"network/{link}/{a.gpu_type}/{b.gpu_type}"
             refs[key] = ProfileRef(key=key, source="estimated", version="catalog")
+    for _, _, zone_link in zone_links(plan, context):
+        known = refs.get(zone_link.key)
+        if known is None or known.source == "measured":  # one direction estimated: estimated
+            refs[zone_link.key] = ProfileRef(
+                key=zone_link.key,
+                source=zone_link.source,
+                version=zone_link.how,
+            )
     # What the network model priced from node shapes: the nodes' NICs under pipeline sends,
     # each stage's all-reduce (inside nodes, across them, measured collective or not).
     inputs: dict[str, tuple[Source, str]] = {}
@@ -275,3 +285,27 @@ def profile_refs(plan: Plan, context: PlanningContext) -> tuple[ProfileRef, ...]
     for key, (source, version) in inputs.items():
         refs[key] = ProfileRef(key=key, source=source, version=version)
     return tuple(refs[key] for key in sorted(refs))
+
+
+def zone_links(plan: Plan, context: PlanningContext) -> list[tuple[Replica, Replica, ZoneLink]]:
+    """Every link between two zones the plan's prediction crossed, sender first, with the
+    curve it was priced from (CostModel.zone_link): the pipeline sends between stages at the
+    TP group's node shape, and each stage's all-reduce ring edges that change zone at the
+    sender's node shape. One entry per (sender, receiver, shape), in plan order."""
+    costs = context.costs
+    found: dict[tuple[str, str, str, str, int], tuple[Replica, Replica, ZoneLink]] = {}
+    edges: list[tuple[Replica, Replica, int]] = []
+    for k in range(plan.pipeline_depth - 1):
+        tp = min(plan.stages[k].tensor_parallel, plan.stages[k + 1].tensor_parallel)
+        for a, b in zip(plan.stages[k].replicas, plan.stages[k + 1].replicas, strict=True):
+            edges.append((a, b, costs.zone_link_gpus(a, b, tp)))
+    for stage in plan.stages:
+        for a, b in costs.ring_zone_edges(costs.ring_order(stage.replicas)):
+            edges.append((a, b, costs.gpus_per_node(a)))
+    for a, b, gpus in edges:
+        if costs.link_class(a, b) not in {"inter-zone", "inter-region"}:
+            continue
+        key = (a.zone, a.gpu_type, b.zone, b.gpu_type, gpus)
+        if key not in found:
+            found[key] = (a, b, costs.zone_link(a, b, gpus))
+    return list(found.values())

@@ -83,6 +83,30 @@ def network(  # noqa: PLR0917 (a profile's identity)
     )
 
 
+def zone_network(  # noqa: PLR0917 (a profile's identity)
+    link: Any,
+    zone: str,
+    gpu: str,
+    peer_zone: str,
+    peer: str,
+    gpus_per_node: int,
+    measure: Any = "p2p",
+    source: Provenance = MEASURED,
+) -> NetworkProfile:
+    """One direction of a zone pair (sender first)."""
+    return NetworkProfile(
+        link=link,
+        gpu_type=gpu,
+        peer_gpu_type=peer,
+        zone=zone,
+        peer_zone=peer_zone,
+        gpus_per_node=gpus_per_node,
+        measure=measure,
+        curve=BandwidthCurve(coefficients=(0.0, 0.0, 1.0), max_bytes_per_s=1e9),
+        provenance=source,
+    )
+
+
 def keys(measured: ProfileSet) -> list[str]:
     return [n.key for n in missing_profiles(MODEL, 32, CLUSTER, measured)]
 
@@ -90,13 +114,15 @@ def keys(measured: ProfileSet) -> list[str]:
 def test_an_empty_store_misses_every_profile_the_pools_need() -> None:
     # Two GPU types -> two compute runs. Links: NVLink inside the 4-GPU A100 nodes (the
     # 1-GPU V100 nodes have none), A100<->A100 inside zone a (2 nodes there), A100 zone a
-    # <-> zone b (same region: inter-zone), A100 <-> V100 in us-west1 (inter-region). Each
-    # key ends in the GPUs per node the measurement runs with (the smaller node of a pair).
+    # <-> zone b (same region: inter-zone), and A100 in each of zones a and b <-> V100 in
+    # us-west1 (inter-region): across zones every pair of zones is its own need. Each key
+    # ends in the GPUs per node the measurement runs with (the smaller node of a pair).
     assert keys(ProfileSet()) == [
         "compute/OPT-350M/A100-40",
         "compute/OPT-350M/V100-16",
-        "network/inter-region/A100-40/V100-16/n1",
-        "network/inter-zone/A100-40/A100-40/n4",
+        f"network/inter-region/{A}/A100-40/{WEST}/V100-16/n1",
+        f"network/inter-region/{B}/A100-40/{WEST}/V100-16/n1",
+        f"network/inter-zone/{A}/A100-40/{B}/A100-40/n4",
         "network/intra-node/A100-40/A100-40/n4",
         "network/intra-zone/A100-40/A100-40/n4",
     ]
@@ -106,25 +132,41 @@ def test_measured_profiles_satisfy_needs_estimated_ones_do_not() -> None:
     store = ProfileSet(
         compute=(compute("A100-40"), compute("V100-16", ESTIMATED)),
         network=(
-            # all-reduce and concurrent flows of the 4-GPU A100 nodes across zones: measured
-            network("inter-zone", "A100-40", "A100-40", gpus_per_node=4, measure="concurrent"),
-            network("inter-zone", "A100-40", "A100-40", gpus_per_node=4, measure="allreduce"),
-            network(
-                "inter-region",
-                "V100-16",
-                "A100-40",
-                ESTIMATED,
-                gpus_per_node=1,
-                measure="concurrent",
-            ),
+            # both directions of the 4-GPU A100 nodes between zones a and b: measured
+            zone_network("inter-zone", A, "A100-40", B, "A100-40", 4),
+            zone_network("inter-zone", B, "A100-40", A, "A100-40", 4),
+            zone_network("inter-region", WEST, "V100-16", A, "A100-40", 1, source=ESTIMATED),
+            zone_network("inter-region", A, "A100-40", WEST, "V100-16", 1, source=ESTIMATED),
         ),
     )
     assert keys(store) == [
         "compute/OPT-350M/V100-16",
-        "network/inter-region/A100-40/V100-16/n1",
+        f"network/inter-region/{A}/A100-40/{WEST}/V100-16/n1",
+        f"network/inter-region/{B}/A100-40/{WEST}/V100-16/n1",
         "network/intra-node/A100-40/A100-40/n4",
         "network/intra-zone/A100-40/A100-40/n4",
     ]
+
+
+def test_a_zone_pair_needs_both_directions_of_exactly_its_zones() -> None:
+    pair = f"network/inter-zone/{A}/A100-40/{B}/A100-40/n4"
+    # a class-wide curve (an older store) does not stand for the pair any more
+    whole = network("inter-zone", "A100-40", "A100-40", gpus_per_node=4, measure="concurrent")
+    assert pair in keys(ProfileSet(network=(whole,)))
+    one_way = zone_network("inter-zone", A, "A100-40", B, "A100-40", 4)
+    assert pair in keys(ProfileSet(network=(one_way,)))
+    other_shape = zone_network("inter-zone", B, "A100-40", A, "A100-40", 8)
+    assert pair in keys(ProfileSet(network=(one_way, other_shape)))
+    back = zone_network("inter-zone", B, "A100-40", A, "A100-40", 4)
+    assert pair not in keys(ProfileSet(network=(one_way, back)))
+    # ... and one pair of zones does not stand for another: B <-> WEST is still missing
+    a_west = (
+        zone_network("inter-region", A, "A100-40", WEST, "V100-16", 1),
+        zone_network("inter-region", WEST, "V100-16", A, "A100-40", 1),
+    )
+    missing = keys(ProfileSet(network=a_west))
+    assert f"network/inter-region/{A}/A100-40/{WEST}/V100-16/n1" not in missing
+    assert f"network/inter-region/{B}/A100-40/{WEST}/V100-16/n1" in missing
 
 
 def test_p2p_profiles_alone_leave_the_network_model_short() -> None:
@@ -240,8 +282,13 @@ def test_compute_job_is_pinned_owned_bounded_and_findable(job: TrainingJob) -> N
     assert f"{jobs.MODEL_DIR}/model.json" in profiler["command"]
 
 
+def _zone_a_to_west() -> NetworkNeed:
+    (need,) = [n for n in _needs(NetworkNeed) if n.link == "inter-region" and n.site.zone == A]
+    return need
+
+
 def test_cross_pool_network_pair_is_two_jobs_and_a_service(job: TrainingJob) -> None:
-    (need,) = [n for n in _needs(NetworkNeed) if n.link == "inter-region"]
+    need = _zone_a_to_west()
     service, rank0, rank1 = jobs.render_network_objects(job, need, BY_NAME)
     pod0, pod1 = rank0["spec"]["template"]["spec"], rank1["spec"]["template"]["spec"]
 
@@ -268,6 +315,15 @@ def test_cross_pool_network_pair_is_two_jobs_and_a_service(job: TrainingJob) -> 
         (profiler,) = pod["initContainers"]
         assert profiler["resources"]["limits"][GPU_RESOURCE] == "1"
         assert _flag(profiler["command"], "--procs-per-node") == "1"
+    # each rank files its curves under its own zone and its peer's: the pair, both ways
+    zones = [
+        (
+            _flag(p["initContainers"][0]["command"], "--zone"),
+            _flag(p["initContainers"][0]["command"], "--peer-zone"),
+        )
+        for p in (pod0, pod1)
+    ]
+    assert zones == [(A, WEST), (WEST, A)]
 
 
 def _flag(command: list[str], name: str) -> str:
@@ -310,7 +366,7 @@ PROFILING_OVERRIDES: dict[str, Any] = {
 
 
 def test_profiling_pods_take_the_overrides_that_concern_running_there(job: TrainingJob) -> None:
-    (need,) = [n for n in _needs(NetworkNeed) if n.link == "inter-region"]
+    need = _zone_a_to_west()
     _, _, plain = jobs.render_network_objects(job, need, BY_NAME)
     spec = JOB_SPEC | {"podTemplateOverrides": PROFILING_OVERRIDES}
     overridden = TrainingJob.model_validate(
@@ -377,8 +433,9 @@ def test_intra_node_network_is_one_pod_with_all_the_nodes_gpus(job: TrainingJob)
 def test_all_objects_have_distinct_names(job: TrainingJob) -> None:
     needs = missing_profiles(MODEL, 32, CLUSTER, ProfileSet())
     objects = jobs.render_profiling_objects(job, needs, BY_NAME)
-    # 2 compute + intra-node = 3 single Jobs; 3 cross-node pairs = 3 x (2 Jobs + a Service).
-    assert len(objects) == 3 + 3 * 3
+    # 2 compute + intra-node = 3 single Jobs; 4 cross-node pairs (in zone a, a <-> b, and
+    # each A100 zone <-> us-west1) = 4 x (2 Jobs + a Service).
+    assert len(objects) == 3 + 4 * 3
     names = [(o["kind"], o["metadata"]["name"]) for o in objects]
     assert len(set(names)) == len(names)
     assert all(len(name) <= 63 for _, name in names)
@@ -426,6 +483,32 @@ def test_pair_results_keep_every_measure_under_the_needs_key(tmp_path: Path) -> 
     assert sorted(p.measure for p in found.network) == ["allreduce", "concurrent", "p2p"]
     # once stored, the need is gone
     assert need.key not in keys(found)
+
+
+def test_zone_pair_results_keep_both_directions_of_that_pair_only(tmp_path: Path) -> None:
+    need = _zone_a_to_west()
+    for measure in ("p2p", "concurrent"):
+        write_profile(
+            tmp_path, zone_network("inter-region", A, "A100-40", WEST, "V100-16", 1, measure)
+        )
+        write_profile(
+            tmp_path, zone_network("inter-region", WEST, "V100-16", A, "A100-40", 1, measure)
+        )
+    write_profile(tmp_path, zone_network("inter-region", B, "A100-40", WEST, "V100-16", 1))
+    write_profile(tmp_path, network("inter-region", "A100-40", "V100-16", gpus_per_node=1))
+    configmap = results.collect(render(tmp_path), need, "sailplan-system", "x")
+    assert configmap["metadata"]["annotations"][results.KEY_ANNOTATION] == need.key
+    found, problems = parse_profile_configmaps([configmap])
+    assert problems == []
+    # another zone pair and a class-wide curve were not asked for
+    assert sorted((p.measure, p.zone, p.peer_zone) for p in found.network) == [
+        ("concurrent", A, WEST),
+        ("concurrent", WEST, A),
+        ("p2p", A, WEST),
+        ("p2p", WEST, A),
+    ]
+    assert need.key not in keys(found)
+    assert f"network/inter-region/{B}/A100-40/{WEST}/V100-16/n1" in keys(found)
 
 
 def test_a_log_without_results_is_a_clear_error() -> None:

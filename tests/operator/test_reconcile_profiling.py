@@ -77,17 +77,24 @@ def measured_for(needs: tuple[Need, ...]) -> ProfileSet:
             )
         else:
             # what `sailplan-profile network` writes for the need: every measure, filed
-            # under the GPUs per node it ran with
+            # under the GPUs per node it ran with (and, between zones, under the zone
+            # pair, one profile per direction)
+            ends = [(need.site, need.peer)]
+            if need.zone_pair:
+                ends.append((need.peer, need.site))
             network.extend(
                 NetworkProfile(
                     link=need.link,
-                    gpu_type=need.site.gpu_type,
-                    peer_gpu_type=need.peer.gpu_type,
+                    gpu_type=sender.gpu_type,
+                    peer_gpu_type=receiver.gpu_type,
+                    zone=sender.zone if need.zone_pair else "",
+                    peer_zone=receiver.zone if need.zone_pair else "",
                     gpus_per_node=need.flows,
                     measure=measure,
                     curve=BandwidthCurve(coefficients=(0.0, 0.0, 1.0), max_bytes_per_s=1e9),
                     provenance=MEASURED,
                 )
+                for sender, receiver in ends
                 for measure in ("p2p", "concurrent", "allreduce")
             )
     return ProfileSet(compute=tuple(compute), network=tuple(network))
@@ -234,8 +241,15 @@ def test_a_result_the_operator_could_not_read_counts_as_a_failure() -> None:
 
 
 def test_auto_plans_with_estimates_around_the_nodes_profiling_takes(
-    make_job: Callable[..., TrainingJob], pools: tuple[GPUPool, ...], catalog: Catalog
+    make_job: Callable[..., TrainingJob], catalog: Catalog
 ) -> None:
+    # two nodes more in zone b than the fixture: the A100 compute run (on the pool and zone
+    # with the most nodes) and zone b's two zone pairs (to zone a, to us-west1) take three
+    # of its nodes, and the plan gets the fourth
+    pools = (
+        pool("a100", "a100-ondemand", {"us-central1-a": 2, "us-central1-b": 4}),
+        pool("v100", "v100-ondemand", {"us-west1-b": 3}, gpu_type="V100-16"),
+    )
     job = job_with(make_job, "Auto")
     planner = RecordingPlanner(Planned(best=make_plan(catalog, estimated=True)))
     outcome = reconcile(Observed(job=job, pools=pools), planner, catalog, NOW)

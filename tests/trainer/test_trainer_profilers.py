@@ -134,8 +134,49 @@ def test_one_gpu_type_keeps_the_slower_direction_at_each_size() -> None:
     forward = [(1, 10.0), (2, 5.0)]
     backward = [(1, 4.0), (2, 8.0)]
     ((sender, receiver, rates, how),) = directions(forward, backward, "A100", "A100")
-    assert (sender, receiver, rates) == ("A100", "A100", [(1, 4.0), (2, 5.0)])
+    assert (sender, receiver, rates) == (("", "A100"), ("", "A100"), [(1, 4.0), (2, 5.0)])
     assert "slower" in how
+
+
+def test_a_zone_pair_of_one_gpu_type_keeps_both_directions() -> None:
+    forward = [(1, 10.0), (2, 5.0)]
+    backward = [(1, 4.0), (2, 8.0)]
+    found = directions(forward, backward, "A100", "A100", ("z-a", "z-b"))
+    assert [(s, r, rates) for s, r, rates, _ in found] == [
+        (("z-a", "A100"), ("z-b", "A100"), forward),
+        (("z-b", "A100"), ("z-a", "A100"), backward),
+    ]
+
+
+def test_node_pair_profiler_files_curves_under_the_zone_pair(tmp_path: Path) -> None:
+    # two "nodes" of two ranks in two zones, one GPU type: each direction under its sender
+    profiles = _network(
+        tmp_path,
+        *("--link", "inter-zone", "--gpu-type", "A", "--peer-gpu-type", "A"),
+        *("--zone", "r1-a", "--peer-zone", "r1-b", "--procs-per-node", "2"),
+    )
+    ends = {(p.measure, p.zone, p.peer_zone) for p in profiles.network}
+    assert ends == {
+        ("p2p", "r1-a", "r1-b"),
+        ("p2p", "r1-b", "r1-a"),
+        ("concurrent", "r1-a", "r1-b"),
+        ("concurrent", "r1-b", "r1-a"),
+        ("allreduce", "r1-a", "r1-b"),
+    }
+    assert all(p.api_version == "sailplan.dev/v1alpha2" for p in profiles.network)
+    # a class lookup does not take a zone pair's curve for the whole class
+    assert profiles.network_profile("inter-zone", "A", "A") is None
+    back = profiles.zone_pair_profile("r1-b", "A", "r1-a", "A", 0)
+    assert back is not None and "node 1 -> node 0" in back.provenance.note
+
+
+def test_zone_options_are_checked_in_one_line(tmp_path: Path) -> None:
+    half = ["network", "--out", str(tmp_path), "--link", "inter-zone", "--zone", "r1-a"]
+    result = CliRunner().invoke(app, half)
+    assert result.exit_code == 2 and "--zone and --peer-zone go together" in result.output
+    inside = ["network", "--out", str(tmp_path), "--link", "intra-zone"]
+    result = CliRunner().invoke(app, [*inside, "--zone", "a", "--peer-zone", "b"])
+    assert result.exit_code == 2 and "inter-zone or inter-region" in result.output
 
 
 def test_unknown_link_class_is_a_one_line_error(tmp_path: Path) -> None:

@@ -104,6 +104,10 @@ def network_command(  # noqa: PLR0917 (typer maps parameters to options)
     out: Annotated[Path, typer.Option(help="profile directory to write into")],
     gpu_type: Annotated[str, typer.Option(help="this rank's GPU type")] = "",
     peer_gpu_type: Annotated[str, typer.Option(help="the other rank's GPU type")] = "",
+    zone: Annotated[
+        str, typer.Option(help="this node's zone: file the curves under the zone pair")
+    ] = "",
+    peer_zone: Annotated[str, typer.Option(help="the other node's zone")] = "",
     gpus_per_node: Annotated[int, typer.Option(help="node shape the p2p curve is filed under")] = 0,
     procs_per_node: Annotated[
         int, typer.Option(help="ranks (GPUs) per node; 0 = 2 inside a node, 1 across")
@@ -133,6 +137,12 @@ def network_command(  # noqa: PLR0917 (typer maps parameters to options)
         measures = _measures(measure)
     except typer.BadParameter as error:
         _fail(str(error.message))
+    if bool(zone) != bool(peer_zone):
+        _fail("--zone and --peer-zone go together (the two ends of a zone pair)")
+    if zone and link not in {"inter-zone", "inter-region"}:
+        _fail(f"--zone files a pair of zones: --link inter-zone or inter-region, not {link}")
+    if zone and (not gpu_type or not peer_gpu_type):
+        _fail("a zone pair names both GPU types (--gpu-type and --peer-gpu-type)")
     inside = link == "intra-node"
     per_node = procs_per_node or (2 if inside else 1)
     repeats = max(1, repeats)
@@ -165,6 +175,7 @@ def network_command(  # noqa: PLR0917 (typer maps parameters to options)
         gpu_type,
         peer_gpu_type,
         gpus_per_node,
+        (zone, peer_zone),
     ):
         typer.echo(str(write_profile(out, profile)))
 

@@ -239,6 +239,7 @@ def _profile(  # noqa: PLR0917 (a profile's identity)
     gpus_per_node: int,
     ranks: int,
     how: str,
+    zones: tuple[str, str] = ("", ""),
 ) -> NetworkProfile:
     sizes = f"{rates[0][0]}..{rates[-1][0]} bytes, {len(rates)} sizes"
     return NetworkProfile(
@@ -247,6 +248,8 @@ def _profile(  # noqa: PLR0917 (a profile's identity)
         ranks=ranks,
         gpu_type=gpu_type,
         peer_gpu_type=peer_gpu_type,
+        zone=zones[0],
+        peer_zone=zones[1],
         gpus_per_node=gpus_per_node,
         curve=fit_rates(rates),
         provenance=provenance(f"{how}, {ranks} ranks, {sizes}"),
@@ -254,32 +257,40 @@ def _profile(  # noqa: PLR0917 (a profile's identity)
 
 
 def directions(
-    forward: Rates, backward: Rates, gpu_type: str, peer: str
-) -> list[tuple[str, str, Rates, str]]:
-    """(sender, receiver, rates, how) per direction; one GPU type both ways is one key, so
-    its two directions become the slower of the two at each size."""
-    if gpu_type == peer:
+    forward: Rates,
+    backward: Rates,
+    gpu_type: str,
+    peer: str,
+    zones: tuple[str, str] = ("", ""),
+) -> list[tuple[tuple[str, str], tuple[str, str], Rates, str]]:
+    """((sender zone, GPU), (receiver zone, GPU), rates, how) per direction; when both ends
+    are one key (one GPU type, no zones or one zone) the two directions become the slower
+    of the two at each size. A zone pair keeps both: A -> B may differ from B -> A."""
+    zone, peer_zone = zones
+    if (zone, gpu_type) == (peer_zone, peer):
         slower = [(s, min(a, b)) for (s, a), (_, b) in zip(forward, backward, strict=True)]
-        return [(gpu_type, peer, slower, "slower of both directions")]
+        return [((zone, gpu_type), (peer_zone, peer), slower, "slower of both directions")]
     return [
-        (gpu_type, peer, forward, "node 0 -> node 1"),
-        (peer, gpu_type, backward, "node 1 -> node 0"),
+        ((zone, gpu_type), (peer_zone, peer), forward, "node 0 -> node 1"),
+        ((peer_zone, peer), (zone, gpu_type), backward, "node 1 -> node 0"),
     ]
 
 
-def profiles_of(
+def profiles_of(  # noqa: PLR0917 (a run's identity)
     link: LinkClass,
     found: Measurements,
     gpu_type: str,
     peer_gpu_type: str,
     gpus_per_node: int = 0,
+    zones: tuple[str, str] = ("", ""),
 ) -> list[NetworkProfile]:
     """The NetworkProfiles of one run: gpu_type is node 0's GPU, peer_gpu_type node 1's.
 
     Intra-node: the p2p curve (filed under `gpus_per_node` as given, as before) and the
     all-reduce bus bandwidth of the node's per_node GPUs (filed under that node shape).
     Across nodes: p2p and concurrent curves per direction and the all-reduce over both
-    nodes, the last two filed under per_node GPUs per node.
+    nodes, the last two filed under per_node GPUs per node. `zones` (node 0's, node 1's)
+    files the across-node curves under that zone pair, each direction under its sender's.
     """
     n, g = found.nodes, found.per_node
     profiles: list[NetworkProfile] = []
@@ -287,22 +298,46 @@ def profiles_of(
         profiles.append(
             _profile(link, "p2p", found.p2p, gpu_type, peer_gpu_type, gpus_per_node, 2, "ping-pong")
         )
-    for sender, receiver, rates, how in directions(
-        found.forward, found.backward, gpu_type, peer_gpu_type
+    for (zone, sender), (peer_zone, receiver), rates, how in directions(
+        found.forward, found.backward, gpu_type, peer_gpu_type, zones
     ):
         if rates:
             profiles.append(
-                _profile(link, "p2p", rates, sender, receiver, gpus_per_node, 2, f"one way, {how}")
+                _profile(
+                    link,
+                    "p2p",
+                    rates,
+                    sender,
+                    receiver,
+                    gpus_per_node,
+                    2,
+                    f"one way, {how}",
+                    (zone, peer_zone),
+                )
             )
-    for sender, receiver, rates, how in directions(
-        found.concurrent_forward, found.concurrent_backward, gpu_type, peer_gpu_type
+    for (zone, sender), (peer_zone, receiver), rates, how in directions(
+        found.concurrent_forward, found.concurrent_backward, gpu_type, peer_gpu_type, zones
     ):
         if rates:
             what = f"{g} concurrent flows, node aggregate, {how}"
-            profiles.append(_profile(link, "concurrent", rates, sender, receiver, g, 2 * g, what))
+            profiles.append(
+                _profile(
+                    link, "concurrent", rates, sender, receiver, g, 2 * g, what, (zone, peer_zone)
+                )
+            )
     if found.allreduce:
         what = f"all-reduce bus bandwidth over {n} node(s) x {g} GPUs"
         profiles.append(
-            _profile(link, "allreduce", found.allreduce, gpu_type, peer_gpu_type, g, n * g, what)
+            _profile(
+                link,
+                "allreduce",
+                found.allreduce,
+                gpu_type,
+                peer_gpu_type,
+                g,
+                n * g,
+                what,
+                zones if n > 1 else ("", ""),
+            )
         )
     return profiles
