@@ -6,8 +6,9 @@ whenever a watch event concerns it; its workers run at most one reconcile per ke
 time, and a key enqueued meanwhile runs once more afterwards, so a burst of pod events
 costs one pass, not one per event. Keys wait in rank order (the runtime's: priority, then
 creation time, then name), and `CapacityTurns` lets the passes under way read capacity and
-create pods one at a time in that order; a job without pods also holds back while a
-better-ranked one's plan search is under way (`held_back_by`). So when capacity frees up
+create pods one at a time in that order; a job that needs capacity (no pods, or its plan
+lost some) also holds back while a better-ranked one that needs capacity has not created
+its new workers yet (`held_back_by`, reconcile.contention). So when capacity frees up
 and every waiting job is woken, the higher-priority job plans first, whichever pass or
 search happens to be quicker.
 `Coalesced` does the same for the one GPUPool status refresh that node, pod and pool
@@ -177,9 +178,10 @@ class CapacityTurns:
 
 
 def held_back_by(key: JobKey, rank: Rank, contenders: Mapping[JobKey, Rank]) -> JobKey | None:
-    """The best-ranked other job among `contenders` (jobs without pods whose plan search is
-    under way) that ranks before `rank`: a job without pods waits for it, since its plan
-    may take the capacity; None when none does."""
+    """The best-ranked other job among `contenders` (jobs that need capacity and have not
+    created their new workers yet, reconcile.contention.contends) that ranks before `rank`:
+    a job that needs capacity waits for it, since its plan may take the capacity; None when
+    none does."""
     ahead = sorted((r, other) for other, r in contenders.items() if other != key and r < rank)
     return ahead[0][1] if ahead else None
 

@@ -25,7 +25,6 @@ from pydantic import ValidationError
 from sailplan.operator import metrics
 from sailplan.operator.api import gpupool as pool_api
 from sailplan.operator.api import trainingjob as job_api
-from sailplan.operator.api.common import find_condition
 from sailplan.operator.api.gpupool import GPUPool
 from sailplan.operator.controller.apply import JobRef, apply_outcome, collect_results, record
 from sailplan.operator.controller.blocking import run_blocking
@@ -51,6 +50,7 @@ from sailplan.operator.controller.supervision import Supervisor
 from sailplan.operator.kube import Kube
 from sailplan.operator.planning import PlanningService
 from sailplan.operator.profilestore import ProfileStore
+from sailplan.operator.reconcile.contention import competes, contends
 from sailplan.operator.reconcile.gpupool import pool_status
 from sailplan.operator.reconcile.naming import LABEL_JOB, LABEL_ROLE
 from sailplan.operator.reconcile.nodes import NodeInfo, pod_gpu_reservation
@@ -119,8 +119,9 @@ class Runtime:
     turns: CapacityTurns = field(default_factory=CapacityTurns, init=False)
     # Each job's rank from its last pass: (-priority, creation time, namespace, name).
     ranks: dict[JobKey, Rank] = field(default_factory=dict, init=False)
-    # Jobs without worker pods whose plan search is under way: they may still claim the
-    # capacity, so a worse-ranked job without pods holds back meanwhile.
+    # Jobs that need capacity and have not created their new workers yet (a search under
+    # way, or a switch after lost capacity): a worse-ranked job that needs capacity holds
+    # back meanwhile (reconcile.contention).
     contenders: dict[JobKey, Rank] = field(default_factory=dict, init=False)
     _pool_timer: asyncio.TimerHandle | None = field(default=None, init=False)
     # ProvisioningRequests come from the "capacity" index where their CRD was installed at
@@ -369,7 +370,10 @@ class Runtime:
             observed = dataclasses.replace(
                 observed, pods=attach(observed.pods, self.progress.readings)
             )
-            ahead = held_back_by(key, rank, self.contenders) if not observed.pods else None
+            # A job that needs capacity it does not hold (no workers, or its plan lost
+            # some) waits while a better-ranked one that needs it too is still planning.
+            competing = competes(observed.job.status, observed.pods, observed.nodes)
+            ahead = held_back_by(key, rank, self.contenders) if competing else None
             if ahead is not None:
                 log.info(
                     "waiting for a higher-ranked job's plan search",
@@ -419,13 +423,8 @@ class Runtime:
                 unanswered=found.unanswered,
             )
             await self._drop_stale_requests(key, requests, outcome)
-            searching = find_condition(outcome.status.conditions, job_api.COND_PLANNING)
-            if (
-                searching is not None
-                and searching.status == "True"
-                and not observed.pods
-                and not any(o["kind"] == "Pod" for o in outcome.create)
-            ):
+            new_pods = any(o["kind"] == "Pod" for o in outcome.create)
+            if contends(outcome.status, competing=competing, created_workers=new_pods):
                 self.contenders[key] = rank
             else:
                 self.contenders.pop(key, None)
