@@ -627,3 +627,62 @@ def test_the_rendered_command_feeds_the_store_end_to_end(job: TrainingJob, tmp_p
         (1, 2),
     ]
     assert all(p.provenance.source == "measured" for p in found.compute)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_a_zone_pairs_rendered_jobs_measure_both_directions_into_the_store(
+    job: TrainingJob, tmp_path: Path
+) -> None:
+    # The two rank Jobs of a pair of zones run here as two processes (gloo on the CPU),
+    # with the rendered commands and env (rank 0's DNS name mapped to localhost, messages
+    # capped at 1 MiB to keep it short): rank 0's report becomes a ConfigMap that meets
+    # the need, with each direction filed under its sender's zone.
+    one_gpu = pool("small", "small", {A: 1, B: 1}, gpus_per_node=1)
+    (need,) = [
+        n
+        for n in missing_profiles(TINY, 2, build_snapshot([one_gpu]), ProfileSet())
+        if isinstance(n, NetworkNeed) and n.zone_pair
+    ]
+    _, rank0, rank1 = jobs.render_network_objects(job, need, {"small": one_gpu})
+    port = str(_free_port())
+    runs = []
+    for rank, rendered in enumerate((rank0, rank1)):
+        (profiler,) = rendered["spec"]["template"]["spec"]["initContainers"]
+        out = tmp_path / f"r{rank}"
+        command = [str(out) if arg == jobs.RESULTS_DIR else arg for arg in profiler["command"]]
+        env = {e["name"]: e["value"] for e in profiler["env"]}
+        env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "GLOO_SOCKET_IFNAME": "lo"}
+        runs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    "from sailplan.trainer.profilers.cli import main; main()",
+                    *command[1:],
+                    *("--max-bytes", str(2**20), "--repeats", "1"),
+                ],
+                env=env | {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+        )
+    for run in runs:
+        output, _ = run.communicate(timeout=600)
+        assert run.returncode == 0, output.decode()[-2000:]
+    log = render(tmp_path / "r0")
+    configmap = results.collect(log, need, "sailplan-system", "team-a/opt")
+    found, problems = parse_profile_configmaps([configmap])
+    assert problems == []
+    directions = {(p.measure, p.zone, p.peer_zone) for p in found.network}
+    assert {("p2p", A, B), ("p2p", B, A), ("concurrent", A, B), ("concurrent", B, A)} <= directions
+    assert need.key not in [
+        n.key for n in missing_profiles(TINY, 2, build_snapshot([one_gpu]), found)
+    ]
