@@ -38,6 +38,12 @@ METRIC_STEP: Final = "sailplan_trainer_step"  # completed steps; 0 before the fi
 METRIC_LOSS: Final = "sailplan_trainer_loss"
 METRIC_SAMPLES_PER_SECOND: Final = "sailplan_trainer_samples_per_second"
 METRIC_LAST_CHECKPOINT: Final = "sailplan_trainer_last_checkpoint_step"  # 0: none yet
+# Global rank 0 also keeps its latest TrainerProgress (JSON) in its container's termination
+# message file, which the kubelet copies into the pod status when the trainer exits: the
+# operator reads the final steps from there, after the endpoint is gone. The Kubernetes
+# default path; TERMINATION_LOG overrides it (tests). Written only where the file exists.
+TERMINATION_LOG: Final = "SAILPLAN_TERMINATION_LOG"
+DEFAULT_TERMINATION_LOG: Final = "/dev/termination-log"
 
 # -- annotations -----------------------------------------------------------------------------
 # The operator sets this on every worker to ask for a checkpoint at the next step boundary

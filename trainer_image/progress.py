@@ -2,8 +2,11 @@
 
 Every worker's local rank 0 serves the workerenv.METRIC_* gauges on SAILPLAN_METRICS_PORT
 (0 disables); worker 0's are global rank 0's, which the operator reads into the
-TrainingJob's status.progress. The trainer itself makes no API call (its pods mount no
-service-account token). Called by the engine after every step.
+TrainingJob's status.progress. Global rank 0 also writes its progress after every step into
+its container's termination message (workerenv.TERMINATION_LOG), so the steps the operator
+had not scraped yet when the trainer exits reach status.progress from the pod status. The
+trainer itself makes no API call (its pods mount no service-account token). Called by the
+engine after every step.
 """
 
 from __future__ import annotations
@@ -17,11 +20,14 @@ from typing import Any
 
 from sailplan.planner.workerenv import (
     DEFAULT_METRICS_PORT,
+    DEFAULT_TERMINATION_LOG,
     METRIC_LAST_CHECKPOINT,
     METRIC_LOSS,
     METRIC_SAMPLES_PER_SECOND,
     METRIC_STEP,
     METRICS_PORT,
+    TERMINATION_LOG,
+    TrainerProgress,
 )
 
 _GAUGES = {
@@ -66,6 +72,9 @@ class Reporter:
         self.generation = generation
         port = int(os.environ.get(METRICS_PORT, DEFAULT_METRICS_PORT))
         self.metrics = Metrics(port) if local_rank == 0 and port > 0 else None
+        # The kubelet's file (it exists in a container); never created elsewhere.
+        final = os.environ.get(TERMINATION_LOG, DEFAULT_TERMINATION_LOG)
+        self.final_path = final if rank == 0 and os.path.isfile(final) else None
 
     def step(
         self,
@@ -86,6 +95,15 @@ class Reporter:
             self.metrics.set(values)
         if self.rank != 0:
             return
+        self._final(
+            TrainerProgress(
+                step=step,
+                loss=loss,
+                samples_per_second=samples_per_second,
+                last_checkpoint_step=last_checkpoint,
+                plan_generation=self.generation,
+            )
+        )
         self.event(
             "step",
             step=step,
@@ -94,6 +112,17 @@ class Reporter:
             step_seconds=round(seconds, 4),
             last_checkpoint_step=last_checkpoint,
         )
+
+    def _final(self, progress: TrainerProgress) -> None:
+        """The latest progress as the termination message (overwritten each step; a few
+        hundred bytes of the kubelet's 4 KiB)."""
+        if self.final_path is None:
+            return
+        try:
+            with open(self.final_path, "w", encoding="utf-8") as out:
+                out.write(progress.model_dump_json(exclude_none=True))
+        except OSError:
+            self.final_path = None  # not writable here: the endpoint alone reports
 
     def event(self, kind: str, **fields: Any) -> None:
         if self.rank == 0:

@@ -10,8 +10,11 @@ changed puts the job on the work queue; the reconcile pass then takes it through
 into the pure reconcile, which writes status.progress with the rest of the status, once.
 
 A pod that does not answer keeps its last reading (status.progress does not flap; its
-`time` says how old it is); a reading is dropped when its pod is gone. Nothing here blocks
-a reconcile: the pass only reads the dictionary.
+`time` says how old it is); a reading is dropped when its pod is gone. The steps after the
+last round reach the status through the pod itself: rank 0 keeps its progress in its
+termination message, which the pass reads from the exited pod (replan.triggers.
+final_progress) and `attach` prefers to an older reading, so a finished job shows its
+final step. Nothing here blocks a reconcile: the pass only reads the dictionary.
 """
 
 from __future__ import annotations
@@ -115,13 +118,19 @@ def parse_progress(text: str) -> TrainerProgress | None:
 
 
 def attach(pods: Iterable[WorkerPod], readings: Mapping[str, Reading]) -> tuple[WorkerPod, ...]:
-    """The pods, each with its reading (by pod uid) as `progress` and `progress_time`."""
-    return tuple(
-        dataclasses.replace(p, progress=r.progress, progress_time=r.time)
-        if (r := readings.get(p.uid)) is not None
-        else p
-        for p in pods
-    )
+    """The pods, each with its reading (by pod uid) as `progress` and `progress_time`; a pod
+    whose trainer exited keeps the final progress of its termination message
+    (replan.triggers.final_progress) unless a reading is further on."""
+
+    def newest(pod: WorkerPod) -> WorkerPod:
+        reading = readings.get(pod.uid)
+        if reading is None:
+            return pod
+        if pod.progress is not None and pod.progress.step >= reading.progress.step:
+            return pod
+        return dataclasses.replace(pod, progress=reading.progress, progress_time=reading.time)
+
+    return tuple(newest(p) for p in pods)
 
 
 # -- the reader ---------------------------------------------------------------------------------

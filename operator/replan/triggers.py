@@ -35,6 +35,8 @@ from sailplan.planner.plan import Plan
 from sailplan.planner.profiles.types import ProfileSet
 from sailplan.planner.workerenv import CHECKPOINT_REQUEST_ANNOTATION, TrainerProgress
 
+TRAINER_CONTAINER: Final = "trainer"  # the worker pod's container (reconcile.children)
+
 # -- trigger names (status history reasons and Event reasons) ----------------------------
 WORKER_PREEMPTED: Final = "WorkerPreempted"
 NODE_LOST: Final = "NodeLost"
@@ -85,7 +87,8 @@ class WorkerPod:
     exit_code: int | None = None  # first non-zero container exit code
     checkpoint_request: str | None = None
     # Rank 0's last reading of its metrics endpoint (controller.progress.attach), and when
-    # the operator first read that step; never from the pod object.
+    # the operator first read that step; or, once the trainer exited, its final progress
+    # from the termination message (`final_progress`) and when it exited.
     progress: TrainerProgress | None = None
     progress_time: datetime | None = None
     owner_uid: str = ""  # the controlling TrainingJob's uid
@@ -146,7 +149,29 @@ def pod_facts(body: Mapping[str, Any]) -> WorkerPod | None:
         exit_code=exit_code,
         checkpoint_request=annotations.get(CHECKPOINT_REQUEST_ANNOTATION),
         reservation=pod_gpu_reservation(body),
+        **final_progress(status),
     )
+
+
+def final_progress(status: Mapping[str, Any]) -> dict[str, Any]:
+    """The trainer's last progress from its termination message (trainer.progress writes
+    TrainerProgress JSON there on global rank 0) with the time it exited, as WorkerPod
+    fields; none while it runs or from a message that is not that JSON."""
+    for container in status.get("containerStatuses") or ():
+        if container.get("name") != TRAINER_CONTAINER:
+            continue
+        terminated = (container.get("state") or {}).get("terminated") or {}
+        message = terminated.get("message")
+        if not message:
+            return {}
+        try:
+            progress = TrainerProgress.model_validate_json(message)
+            finished = terminated.get("finishedAt")
+            time = datetime.fromisoformat(finished) if finished else None
+        except ValueError:  # pydantic's ValidationError too
+            return {}
+        return {"progress": progress, "progress_time": time}
+    return {}
 
 
 class PodFate(StrEnum):

@@ -1,4 +1,5 @@
-"""The operator reads rank 0's progress from the trainer's real metrics endpoint.
+"""The operator reads rank 0's progress from the trainer's real metrics endpoint, and its
+final steps from the termination message the trainer leaves in the exited pod's status.
 
 The trainer side is the trainer's own Reporter (prometheus-client's HTTP server); the pods
 are the operator's rendered worker pods. The reader's list of pods is a stand-in for the
@@ -8,13 +9,17 @@ API server (the cluster test covers the real one).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import socket
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
+from operator_builders import RecordingPlanner
+from test_reconcile_trainingjob import observe, refuse, with_status
 
 from sailplan.operator import metrics
 from sailplan.operator.api.gpupool import GPUPool
@@ -22,11 +27,17 @@ from sailplan.operator.api.trainingjob import TrainingJob
 from sailplan.operator.controller.progress import (
     RANK0_SELECTOR,
     ProgressReader,
+    Reading,
+    attach,
     fetch,
     metrics_address,
     parse_progress,
 )
 from sailplan.operator.reconcile.children import desired_children
+from sailplan.operator.reconcile.trainingjob import Observed, reconcile
+from sailplan.operator.replan.triggers import pod_facts
+from sailplan.planner.api import Planned
+from sailplan.planner.catalog import Catalog
 from sailplan.planner.plan import Plan
 from sailplan.planner.workerenv import TrainerProgress
 from sailplan.trainer.progress import Reporter
@@ -155,3 +166,99 @@ def test_reader_keeps_the_newest_reading_and_its_age_when_rank_zero_stops_answer
     listed[:] = []
     asyncio.run(reader.read_once())
     assert reader.readings == {} and reader.failures == {}
+
+
+# -- the final steps, from the exited trainer's termination message ----------------------------
+def exited(pod: dict[str, Any], message: str, finished_at: str) -> dict[str, Any]:
+    """The pod once its trainer exited 0 with this termination message."""
+    terminated = {"exitCode": 0, "reason": "Completed", "finishedAt": finished_at}
+    if message:
+        terminated["message"] = message
+    return pod | {
+        "status": {
+            "phase": "Succeeded",
+            "containerStatuses": [{"name": "trainer", "state": {"terminated": terminated}}],
+        }
+    }
+
+
+def test_rank_zero_keeps_its_progress_in_the_termination_message_the_pod_status_returns(
+    rank0: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The trainer's Reporter writes what the kubelet copies into the exited pod's status;
+    pod_facts reads it back with the exit time; only global rank 0 writes, and only into
+    the kubelet's file (never created where it does not exist)."""
+    log = tmp_path / "termination-log"
+    log.write_text("")
+    monkeypatch.setenv("SAILPLAN_METRICS_PORT", "0")
+    monkeypatch.setenv("SAILPLAN_TERMINATION_LOG", str(log))
+    reporter = Reporter(rank=0, local_rank=0, generation=3)
+    reporter.step(9, 2.5, 95.0, 5, 0.1)
+    reporter.step(10, 2.25, 96.0, 10, 0.1)
+    other = tmp_path / "other-rank"
+    other.write_text("")
+    monkeypatch.setenv("SAILPLAN_TERMINATION_LOG", str(other))
+    Reporter(rank=1, local_rank=0, generation=3).step(10, 2.25, 96.0, 10, 0.1)
+    assert other.read_text() == ""
+    missing = tmp_path / "not-there"
+    monkeypatch.setenv("SAILPLAN_TERMINATION_LOG", str(missing))
+    Reporter(rank=0, local_rank=0, generation=3).step(10, 2.25, 96.0, 10, 0.1)
+    assert not missing.exists()
+
+    pod = pod_facts(exited(rank0, log.read_text(), "2026-01-01T00:05:00Z"))
+    assert pod is not None
+    assert pod.progress == TrainerProgress(
+        step=10, loss=2.25, samples_per_second=96.0, last_checkpoint_step=10, plan_generation=3
+    )
+    assert pod.progress_time == T0 + timedelta(minutes=5)
+    # Running, or exited without a message or with one that is not the trainer's: none.
+    assert pod_facts(rank0 | {"status": {"phase": "Running"}}).progress is None  # type: ignore[union-attr]
+    for message in ("", "Traceback (most recent call last): ...", '{"step": "x"}'):
+        facts = pod_facts(exited(rank0, message, "2026-01-01T00:05:00Z"))
+        assert facts is not None and facts.progress is None
+
+
+def test_a_finished_job_shows_rank_zeros_final_step_not_the_last_scrape(
+    make_job: Callable[..., TrainingJob],
+    pools: tuple[GPUPool, ...],
+    plan: Plan,
+    catalog: Catalog,
+) -> None:
+    """The reader last scraped step 7; rank 0 then ran to step 10 and exited. The pass that
+    sees every worker Succeeded writes step 10 (from the termination message, which wins
+    over the older reading still held), with the exit time."""
+    job = make_job()
+    first = reconcile(
+        Observed(job=job, pools=pools), RecordingPlanner(Planned(best=plan)), catalog, T0
+    )
+    created = list(first.create)
+    pods = [o for o in created if o["kind"] == "Pod"]
+    job = with_status(job, first)
+    scraped = Reading(TrainerProgress(step=7, loss=3.0, samples_per_second=90.0), T0)
+    running = observe(job, pools, created, dict.fromkeys(range(len(pods)), "Running"))
+    rank0_uid = next(p.uid for p in running.pods if p.worker_index == 0)
+    running = dataclasses.replace(running, pods=attach(running.pods, {rank0_uid: scraped}))
+    steady = reconcile(running, refuse, catalog, T0 + timedelta(seconds=30))
+    assert steady.status.progress is not None and steady.status.progress.step == 7
+    job = with_status(job, steady)
+
+    final = TrainerProgress(step=10, loss=2.5, samples_per_second=91.0, last_checkpoint_step=10)
+    bodies = [
+        exited(
+            p | {"metadata": p["metadata"] | {"uid": f"uid-{i}"}},
+            final.model_dump_json()
+            if p["metadata"]["labels"]["sailplan.dev/worker-index"] == "0"
+            else "",
+            "2026-01-01T00:01:00Z",
+        )
+        for i, p in enumerate(pods)
+    ]
+    facts = [f for f in map(pod_facts, bodies) if f is not None]
+    uid0 = next(f.uid for f in facts if f.worker_index == 0)
+    done = dataclasses.replace(running, job=job, pods=attach(tuple(facts), {uid0: scraped}))
+    outcome = reconcile(done, refuse, catalog, T0 + timedelta(minutes=2))
+    assert outcome.status.phase == "Succeeded"
+    progress = outcome.status.progress
+    assert progress is not None
+    assert (progress.step, progress.loss, progress.last_checkpoint_step) == (10, 2.5, 10)
+    assert progress.time == T0 + timedelta(minutes=1)
