@@ -292,6 +292,31 @@ class Kube:
             kueue.GROUP, kueue.VERSION, namespace, kueue.PLURAL, obj
         )
 
+    def patch_workload(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        """Merge-patch one of the operator's Workloads (a resourceVersion in the patch makes
+        the API server refuse it, 409, if the Workload changed since it was read)."""
+        self.custom.patch_namespaced_custom_object(
+            kueue.GROUP,
+            kueue.VERSION,
+            namespace,
+            kueue.PLURAL,
+            name,
+            patch,
+            _content_type=MERGE_PATCH,
+        )
+
+    def workloads_served(self) -> bool:
+        """Whether the API server serves Kueue's Workloads (Kueue is installed)."""
+        try:
+            self.custom.list_cluster_custom_object(
+                kueue.GROUP, kueue.VERSION, kueue.PLURAL, limit=1, _preload_content=False
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
     def delete_workload(self, namespace: str, name: str) -> None:
         self._unless_gone(
             self.custom.delete_namespaced_custom_object,

@@ -180,9 +180,11 @@ async def apply_outcome(
         await run_blocking(kube.delete_pod, namespace, pod_name)
     for workload in outcome.delete_workloads:  # Kueue: a replaced plan's, a finished job's
         await run_blocking(kube.delete_workload, namespace, workload)
+    for workload, workload_patch in outcome.patch_workloads:  # Kueue: carried over to a plan
+        await run_blocking(kube.patch_workload, namespace, workload, workload_patch)
     for pod_name, wanted in outcome.annotate_pods:
         await run_blocking(kube.annotate_pod, namespace, pod_name, wanted)
-    if outcome.create or outcome.delete_pods or outcome.delete_workloads:
+    if outcome.create or outcome.delete_pods or outcome.delete_workloads or outcome.patch_workloads:
         log.info(
             "children changed",
             extra={
@@ -193,6 +195,7 @@ async def apply_outcome(
                 ],
                 "pods_deleted": [f"Pod/{n}" for n in outcome.delete_pods],
                 "workloads_deleted": [f"Workload/{n}" for n in outcome.delete_workloads],
+                "workloads_patched": [f"Workload/{n}" for n, _ in outcome.patch_workloads],
             },
         )
     if stored is not None and outcome.memory is not None and stored.needs_write(outcome.memory):

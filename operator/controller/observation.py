@@ -171,10 +171,16 @@ async def read_profiles(
 
 
 async def observe(
-    kube: Kube, job: TrainingJob, measured: ProfileSet, nodes: dict[str, NodeInfo]
+    kube: Kube,
+    job: TrainingJob,
+    measured: ProfileSet,
+    nodes: dict[str, NodeInfo],
+    workload_index: Mapping[Any, Any] | None = None,
 ) -> Observed:
     """What the reconcile of `job` looks at, read from the API server now (`measured`
-    profiles and `nodes` from the indices)."""
+    profiles and `nodes` from the indices; the job's Kueue Workloads from
+    `workload_index`, the Kopf index by (namespace, job), where Kueue was installed when
+    the operator started, else listed)."""
     namespace, name = job.namespace, job.name
     pods, plans, service = await run_blocking(kube.list_job_children, namespace, name)
     profiling_jobs = await run_blocking(kube.list_profiling_jobs, namespace, name)
@@ -188,7 +194,11 @@ async def observe(
         if priority_class:
             value = await run_blocking(kube.priority_class_value, priority_class)
             priority = value or 0  # none of that name: the API server refuses the workers
-        bodies = await run_blocking(kube.list_workloads, namespace, name)
+        bodies: list[dict[str, Any]] | None
+        if workload_index is not None:
+            bodies = [dict(b) for b in workload_index.get((namespace, name)) or ()]
+        else:
+            bodies = await run_blocking(kube.list_workloads, namespace, name)
         workloads = (
             None
             if bodies is None
@@ -205,4 +215,5 @@ async def observe(
         profiling_jobs=tuple(j for j in (observed_job(b) for b in profiling_jobs) if j is not None),
         workloads=workloads,
         workload_priority=priority,
+        workloads_watched=workload_index is not None,
     )

@@ -9,7 +9,9 @@ is replanned for within a second. The profile store's ConfigMaps (labelled, in t
 namespace, filtered by the API server) are indexed parsed, and a change wakes every job.
 The operator's ProvisioningRequests are indexed where their CRD is installed at start (Kopf
 serves no resource it did not discover then, and logs so): a change of one, Provisioned or
-Failed, refreshes the pools and wakes its job at once.
+Failed, refreshes the pools and wakes its job at once. Its Kueue Workloads likewise: where
+Kueue is installed at start, admission, eviction or preemption runs the job's pass at once
+and each pass reads them from the index (else a pass lists them and polls).
 The liveness probe reports the runtime's background tasks (supervision).
 
 No finalizers: children are owned through ownerReferences and the garbage collector
@@ -36,7 +38,7 @@ from sailplan.operator.controller.supervision import register_liveness_probe
 from sailplan.operator.kube import Kube
 from sailplan.operator.profilestore import ParsedConfigMap
 from sailplan.operator.profiling.jobs import ROLE_PROFILER
-from sailplan.operator.reconcile import naming, provisioning
+from sailplan.operator.reconcile import kueue, naming, provisioning
 from sailplan.operator.reconcile.nodes import (
     WAITING,
     GpuIndexKey,
@@ -53,7 +55,7 @@ log = logging.getLogger("sailplan.operator")
 
 EVENT_SOURCE = "sailplan-operator"  # the Events' source (`kubectl describe`'s From column)
 # The Kopf indices the runtime reads (ids of the @kopf.index handlers below).
-INDICES = ("nodes", "gpus", "priorities", "pools", "profiles", "capacity")
+INDICES = ("nodes", "gpus", "priorities", "pools", "profiles", "capacity", "workloads")
 
 
 def connection_info(
@@ -115,6 +117,7 @@ def build_registry(config: OperatorConfig, api_client: client.ApiClient) -> kopf
             metrics.serve(config.metrics_port)
         # Before Kopf discovers resources (it does after startup): the same answer.
         await runtime.discover_capacity_requests()
+        await runtime.discover_workloads()
         # Objects stored at v1alpha1 rewritten at v1beta1 (their memory moved first), before
         # any pass writes them (controller.storage); quick when there is nothing to do.
         await storage.migrate(runtime.kube)
@@ -187,6 +190,20 @@ def build_registry(config: OperatorConfig, api_client: client.ApiClient) -> kopf
         body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any
     ) -> dict[tuple[str, str], dict[str, Any]]:
         # (namespace, job) -> the operator's ProvisioningRequests for that job.
+        return {(namespace or "", labels[naming.LABEL_JOB]): dict(body)}
+
+    @kopf.index(
+        group=kueue.GROUP,
+        version=kueue.VERSION,
+        plural=kueue.PLURAL,
+        id="workloads",
+        registry=registry,
+        labels={naming.LABEL_ROLE: kueue.ROLE_WORKLOAD, naming.LABEL_JOB: kopf.PRESENT},
+    )
+    async def workloads(
+        body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any
+    ) -> dict[tuple[str, str], dict[str, Any]]:
+        # (namespace, job) -> the job's Kueue Workloads.
         return {(namespace or "", labels[naming.LABEL_JOB]): dict(body)}
 
     def handling(kwargs: dict[str, Any]) -> None:
@@ -289,6 +306,20 @@ def build_registry(config: OperatorConfig, api_client: client.ApiClient) -> kopf
         # Failed backs its zone off (the pool refresh) and the job replans; Provisioned
         # lets the job create its workers: both now, not at the next poll.
         await kick_pools(kwargs)
+        runtime.queue.enqueue((namespace or "", labels[naming.LABEL_JOB]))
+
+    @kopf.on.event(
+        group=kueue.GROUP,
+        version=kueue.VERSION,
+        plural=kueue.PLURAL,
+        id="workload-changed",
+        registry=registry,
+        labels={naming.LABEL_ROLE: kueue.ROLE_WORKLOAD, naming.LABEL_JOB: kopf.PRESENT},
+        when=lambda namespace, **_: _serves(config, namespace),
+    )
+    async def workload_changed(labels: kopf.Labels, namespace: str | None, **kwargs: Any) -> None:
+        # Admitted, evicted, preempted, or deleted: the job's pass now, not at a poll.
+        handling(kwargs)
         runtime.queue.enqueue((namespace or "", labels[naming.LABEL_JOB]))
 
     return registry

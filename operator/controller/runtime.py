@@ -127,6 +127,9 @@ class Runtime:
     # ProvisioningRequests come from the "capacity" index where their CRD was installed at
     # start; else from a list per pass (a CRD installed later, or none: an empty list).
     capacity_indexed: bool = field(default=False, init=False)
+    # Kueue's Workloads likewise, from the "workloads" index where Kueue was installed at
+    # start; else listed by each pass of a queued job.
+    workloads_indexed: bool = field(default=False, init=False)
     _timed_refreshes: set[asyncio.Task[None]] = field(default_factory=set, init=False)
     # Requests of a class no autoscaler serves whose job was told (one Warning each).
     _told_unanswered: set[str] = field(default_factory=set, init=False)
@@ -365,7 +368,13 @@ class Runtime:
         # One job at a time from reading capacity to creating its pods: the next job's
         # pass then reads those pods as reserved, so two jobs never plan onto the same GPUs.
         async with self.turns.turn(key, rank):
-            observed = await observe(self.kube, parsed.job, measured, nodes)
+            observed = await observe(
+                self.kube,
+                parsed.job,
+                measured,
+                nodes,
+                self.indices.get("workloads") if self.workloads_indexed else None,
+            )
             # Rank 0's progress comes from its metrics endpoint (controller.progress).
             observed = dataclasses.replace(
                 observed, pods=attach(observed.pods, self.progress.readings)
@@ -448,6 +457,14 @@ class Runtime:
         except ApiException as error:
             log.warning("ProvisioningRequests not readable", extra={"status_code": error.status})
             self.capacity_indexed = False
+
+    async def discover_workloads(self) -> None:
+        """Whether Kueue's Workloads are served, asked once at start as Kopf does."""
+        try:
+            self.workloads_indexed = await run_blocking(self.kube.workloads_served)
+        except ApiException as error:
+            log.warning("Kueue Workloads not readable", extra={"status_code": error.status})
+            self.workloads_indexed = False
 
     async def capacity_requests(self) -> list[dict[str, Any]]:
         """The operator's ProvisioningRequests in every namespace."""

@@ -11,8 +11,10 @@ the plan, `count` workers each asking for `nvidia.com/gpu`, pinned by the worker
 affinity to the pool, so the ResourceFlavor whose nodeLabels are the pool's is the one
 Kueue charges: the plan's GPUs are admitted as one gang under the ClusterQueue's quota per
 flavor. Kueue does not allow an admitted Workload's pod sets to change, so a new plan
-generation gets a new Workload and the old one is deleted (its quota released): a replan
-queues the job again. A Workload that loses its admission (Kueue evicted or preempted it)
+generation normally gets a new Workload and the old one is deleted (its quota released),
+which queues the job again; where Kueue allows it the job's Workload is carried over
+instead (`_carry_over`: a waiting one takes the new pod sets and keeps its place in the
+queue, an admitted one whose quota covers the new plan keeps its admission). A Workload that loses its admission (Kueue evicted or preempted it)
 while workers run suspends the job for the pass, as spec.suspend does (checkpoint, then the
 pods go); the job then plans anew and queues a new Workload. A finished job's Workloads are
 deleted, which returns their quota.
@@ -24,9 +26,12 @@ controller.apply creates and deletes them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, Final
+
+from kubernetes.utils import parse_quantity as _parse_quantity
 
 from sailplan.operator.api.common import Condition, find_condition
 from sailplan.operator.api.trainingjob import (
@@ -55,6 +60,8 @@ POD_PRIORITY_CLASS_SOURCE: Final = "scheduling.k8s.io/priorityclass"
 COND_ADMITTED: Final = "Admitted"
 REASON_ADMITTED: Final = "Admitted"
 REASON_WORKLOAD_CREATED: Final = "WorkloadCreated"
+# A replan's pod sets written into the job's pending Workload, which keeps its place.
+REASON_WORKLOAD_UPDATED: Final = "WorkloadUpdated"
 REASON_PENDING: Final = "Pending"  # Kueue's own reason: no quota (yet)
 REASON_QUEUE_NOT_FOUND: Final = "QueueNotFound"
 REASON_INADMISSIBLE: Final = "Inadmissible"
@@ -66,13 +73,18 @@ REASON_KUEUE_NOT_INSTALLED: Final = "KueueNotInstalled"
 REASON_AWAITING_ADMISSION: Final = "AwaitingAdmission"
 _QUEUE_SUSPENSIONS: Final = (REASON_AWAITING_ADMISSION, REASON_EVICTED)
 
-# A Workload's status changes without an event the operator watches: it looks again soon
-# after creating one (Kueue admits within a second when quota is free), this often while
-# it waits, and this often while it runs (to notice an eviction).
+# Where the Workloads are watched (Kueue installed when the operator started) a change of
+# one runs the job's pass at once and nothing is polled. Else (Kueue installed later) the
+# operator looks again soon after creating one (Kueue admits within a second when quota
+# is free), this often while it waits, and this often while it runs (to notice an
+# eviction).
 CREATED_POLL_SECONDS: Final = 1.0
 WAITING_POLL_SECONDS: Final = 5.0
 ADMITTED_POLL_SECONDS: Final = 15.0
 MISSING_POLL_SECONDS: Final = 60.0
+
+# Kubernetes' quantity parser ("500m", "4Gi"), typed.
+parse_quantity: Callable[[object], Decimal] = _parse_quantity
 
 
 @dataclass(frozen=True)
@@ -87,6 +99,12 @@ class ObservedWorkload:
     message: str
     cluster_queue: str = ""
     deleting: bool = False
+    # QuotaReserved=True: Kueue holds quota for it (admitted, or evicted and not yet
+    # released); its pod sets may not change.
+    reserved: bool = False
+    resource_version: str = ""
+    # (GPUPool, resource, amount): what its pod sets ask for in all, per pool (flavor).
+    charged: tuple[tuple[str, str, float], ...] = ()
 
 
 def queue_of(job: TrainingJob) -> str:
@@ -142,7 +160,39 @@ def observed_workload(body: Mapping[str, Any]) -> ObservedWorkload | None:
         message=message,
         cluster_queue=cluster_queue,
         deleting=bool(metadata.get("deletionTimestamp")),
+        reserved=true("QuotaReserved"),
+        resource_version=str(metadata.get("resourceVersion") or ""),
+        charged=charged(body),
     )
+
+
+def charged(workload: Mapping[str, Any]) -> tuple[tuple[str, str, float], ...]:
+    """(GPUPool, resource, total) over a Workload's pod sets: what Kueue charges to the
+    pool's flavor when it admits it."""
+    totals: dict[tuple[str, str], float] = {}
+    for pod_set in (workload.get("spec") or {}).get("podSets") or ():
+        template = pod_set.get("template") or {}
+        labels = (template.get("metadata") or {}).get("labels") or {}
+        pool = str(labels.get(naming.LABEL_GPUPOOL, ""))
+        count = int(pod_set.get("count") or 0)
+        for container in (template.get("spec") or {}).get("containers") or ():
+            requests = (container.get("resources") or {}).get("requests") or {}
+            for resource, quantity in requests.items():
+                try:
+                    amount = float(parse_quantity(quantity))
+                except ValueError:
+                    continue
+                key = (pool, str(resource))
+                totals[key] = totals.get(key, 0.0) + count * amount
+    return tuple(sorted((pool, resource, total) for (pool, resource), total in totals.items()))
+
+
+def fits_within(
+    asked: Sequence[tuple[str, str, float]], admitted: Sequence[tuple[str, str, float]]
+) -> bool:
+    """Whether every pool's `asked` resources are at most what `admitted` holds there."""
+    held = {(pool, resource): total for pool, resource, total in admitted}
+    return all(total <= held.get((pool, resource), 0.0) for pool, resource, total in asked)
 
 
 def _pod_set_name(gpupool: str, gpus: int, shapes: int) -> str:
@@ -261,6 +311,8 @@ class Admission:
 
     create: tuple[dict[str, Any], ...]
     delete_workloads: tuple[str, ...] = ()
+    # (Workload name, merge patch): an earlier Workload carried over to this generation.
+    patch_workloads: tuple[tuple[str, dict[str, Any]], ...] = ()
     conditions: tuple[Condition, ...] = ()
     events: tuple[KubeEvent, ...] = ()
     requeue_after: float | None = None
@@ -278,10 +330,45 @@ def admit(
     finished: bool,
     previous: Condition | None,
     priority: int = 0,
+    watched: bool = False,
 ) -> Admission | None:
     """Gate the pass's worker creations on the Workload of plan generation `generation`
     (`generation_pods`: all its rendered workers; `priority`: the value of their
-    PriorityClass). None: the job is not queued."""
+    PriorityClass; `watched`: the Workloads are watched, so no pass is asked for to look
+    at them again). None: the job is not queued."""
+    admission = _admit(
+        job,
+        workloads,
+        create,
+        generation=generation,
+        generation_pods=generation_pods,
+        finished=finished,
+        previous=previous,
+        priority=priority,
+    )
+    if admission is None or not watched or workloads is None:
+        return admission
+    return Admission(
+        admission.create,
+        delete_workloads=admission.delete_workloads,
+        patch_workloads=admission.patch_workloads,
+        conditions=admission.conditions,
+        events=admission.events,
+        phase=admission.phase,
+    )
+
+
+def _admit(
+    job: TrainingJob,
+    workloads: Sequence[ObservedWorkload] | None,
+    create: Sequence[dict[str, Any]],
+    *,
+    generation: int | None,
+    generation_pods: Sequence[Mapping[str, Any]],
+    finished: bool,
+    previous: Condition | None,
+    priority: int,
+) -> Admission | None:
     queue = queue_of(job)
     if not queue:
         return None
@@ -315,6 +402,18 @@ def admit(
         if not pods or not generation_pods:
             return Admission(tuple(create), delete_workloads=stale)
         workload = render_workload(job, generation, generation_pods, queue, priority)
+        carried = _carry_over(
+            job,
+            workloads,
+            workload,
+            generation=generation,
+            create=create,
+            others=others,
+            previous=previous,
+            queue=queue,
+        )
+        if carried is not None:
+            return carried
         message = (
             f"Workload {workload['metadata']['name']} ({gang_summary(workload)}) queued in "
             f"LocalQueue {queue}; the workers start once Kueue admits it"
@@ -360,10 +459,86 @@ def admit(
     return _with(waiting, delete_workloads=stale)
 
 
+def _carry_over(
+    job: TrainingJob,
+    workloads: Sequence[ObservedWorkload],
+    workload: dict[str, Any],
+    *,
+    generation: int,
+    create: Sequence[dict[str, Any]],
+    others: Sequence[dict[str, Any]],
+    previous: Condition | None,
+    queue: str,
+) -> Admission | None:
+    """A new plan generation's gang on the job's newest earlier Workload, where Kueue lets
+    it keep that Workload's standing: Kueue orders a ClusterQueue's pending Workloads by
+    priority, then creation time, so a new Workload queues behind every equal one created
+    since. An admitted Workload whose quota covers the new plan in every pool keeps its
+    admission (relabelled to the generation; its pod sets stay those it was admitted with,
+    and so does the quota charged). A Workload without reserved quota takes the new pod
+    sets in place and keeps its place in the queue (Kueue refuses pod set changes only
+    while quota is reserved; the patch carries the observed resourceVersion, so a Workload
+    that Kueue admitted meanwhile is not changed). None: a new Workload (an evicted one
+    holds its reservation until deleted)."""
+    earlier = [w for w in workloads if w.generation != generation and not w.deleting]
+    if not earlier:
+        return None
+    last = max(earlier, key=lambda w: w.generation)
+    stale = tuple(w.name for w in earlier if w.name != last.name)
+    metadata: dict[str, Any] = {"labels": {naming.LABEL_GENERATION: str(generation)}}
+    if last.resource_version:
+        metadata["resourceVersion"] = last.resource_version
+    labels: dict[str, Any] = {"metadata": metadata}
+    if last.admitted and fits_within(charged(workload), last.charged):
+        condition = Condition(
+            type=COND_ADMITTED,
+            status="True",
+            reason=REASON_ADMITTED,
+            message=(
+                f"Workload {last.name} {last.message}; plan generation {generation} "
+                f"({gang_summary(workload)}) runs within its quota"
+            ),
+            observed_generation=job.generation,
+        )
+        return Admission(
+            tuple(create),
+            delete_workloads=stale,
+            patch_workloads=((last.name, labels),),
+            conditions=(condition, *_resumed(job, condition.message)),
+            requeue_after=ADMITTED_POLL_SECONDS,
+        )
+    if last.reserved:
+        return None
+    spec = {k: workload["spec"][k] for k in workload["spec"] if k != "queueName"}
+    message = (
+        f"Workload {last.name} now asks for plan generation {generation} "
+        f"({gang_summary(workload)}) and keeps its place in LocalQueue {queue}; the workers "
+        "start once Kueue admits it"
+    )
+    waiting = _waiting(
+        job,
+        others,
+        reason=REASON_WORKLOAD_UPDATED,
+        message=message,
+        previous=previous,
+        poll_seconds=CREATED_POLL_SECONDS,
+    )
+    return Admission(
+        waiting.create,
+        delete_workloads=stale,
+        patch_workloads=((last.name, labels | {"spec": spec}),),
+        conditions=waiting.conditions,
+        events=waiting.events,
+        requeue_after=waiting.requeue_after,
+        phase=waiting.phase,
+    )
+
+
 def _with(admission: Admission, *, delete_workloads: tuple[str, ...]) -> Admission:
     return Admission(
         admission.create,
         delete_workloads=delete_workloads,
+        patch_workloads=admission.patch_workloads,
         conditions=admission.conditions,
         events=admission.events,
         requeue_after=admission.requeue_after,

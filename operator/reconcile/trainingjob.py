@@ -136,6 +136,8 @@ class Observed:
     workloads: tuple[kueue.ObservedWorkload, ...] | None = ()
     # The value of the workers' PriorityClass, for that Workload (read for queued jobs).
     workload_priority: int = 0
+    # The Workloads come from a watch: a change of theirs runs a pass, none is polled.
+    workloads_watched: bool = False
 
 
 def observed_pod(body: Mapping[str, Any]) -> triggers.WorkerPod | None:
@@ -183,6 +185,8 @@ class Outcome:
     # The operator's memory of the job after this pass (its state ConfigMap); None leaves
     # it as stored.
     memory: JobMemory | None = None
+    # (name, merge patch): an earlier Workload carried over to the plan (reconcile.kueue).
+    patch_workloads: tuple[tuple[str, dict[str, Any]], ...] = ()
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -386,6 +390,7 @@ def _admitted(observed: Observed, outcome: Outcome, now: datetime) -> Outcome:
         finished=status.phase in (api.PHASE_SUCCEEDED, api.PHASE_FAILED),
         previous=find_condition(job.status.conditions, kueue.COND_ADMITTED),
         priority=observed.workload_priority,
+        watched=observed.workloads_watched,
     )
     if admission is None:
         return outcome
@@ -406,6 +411,7 @@ def _admitted(observed: Observed, outcome: Outcome, now: datetime) -> Outcome:
         outcome,
         create=admission.create,
         delete_workloads=admission.delete_workloads,
+        patch_workloads=admission.patch_workloads,
         status=_with_conditions(status, list(admission.conditions), now),
         events=(*events, *admission.events),
         requeue_after=requeue,

@@ -7,12 +7,13 @@ other is older and first by name."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from cluster_waits import priority_classes, wait_running  # noqa: F401 (a fixture)
 from kubernetes import client
-from test_autoscaled_pools_cluster import ZONE, grown_pool, release_then_reset, running_on
+from test_autoscaled_pools_cluster import ZONE, grown_pool, release_then_reset
 from test_operator_cluster import get_job, job_body, pods_of
 from waiting import wait_for
 
@@ -20,17 +21,6 @@ from sailplan.operator.api.common import GROUP, VERSION
 from sailplan_dev.localcluster.nodes import node_manifest
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
-
-
-@pytest.fixture
-def priority_classes(k8s_api: Any) -> Iterator[tuple[str, str]]:
-    scheduling = client.SchedulingV1Api(k8s_api)
-    names = (f"low-{uuid.uuid4().hex[:6]}", f"high-{uuid.uuid4().hex[:6]}")
-    for name, value in zip(names, (100, 100_000), strict=True):
-        scheduling.create_priority_class({"metadata": {"name": name}, "value": value})
-    yield names
-    for name in names:
-        scheduling.delete_priority_class(name)
 
 
 def with_priority(body: dict[str, Any], priority_class: str) -> dict[str, Any]:
@@ -45,7 +35,7 @@ def test_a_higher_priority_job_takes_the_gpus_of_a_lower_one_which_replans(
     namespace: str,
     gpupools: Callable[..., str],
     local_cluster: Any,
-    priority_classes: tuple[str, str],
+    priority_classes: tuple[str, str],  # noqa: F811 (the fixture imported above)
 ) -> None:
     low, high = priority_classes
     node_pool = f"prio-{uuid.uuid4().hex[:6]}"
@@ -61,9 +51,7 @@ def test_a_higher_priority_job_takes_the_gpus_of_a_lower_one_which_replans(
             with_priority(job_body(namespace, "low", [pool]), low),
         )
 
-        low_pods = wait_for(
-            "the low-priority job Running", running_on(k8s_api, namespace, "low", pool), 180
-        )
+        low_pods = wait_running(k8s_api, namespace, "low", pool)
         held = {p.spec.node_name for p in low_pods}
         assert len(held) == 2  # it holds both nodes: nothing is free for anyone else
 
@@ -74,13 +62,13 @@ def test_a_higher_priority_job_takes_the_gpus_of_a_lower_one_which_replans(
             "trainingjobs",
             with_priority(job_body(namespace, "high", [pool]), high),
         )
-        high_pods = wait_for(
-            "the high-priority job Running on the low one's nodes",
-            running_on(k8s_api, namespace, "high", pool),
-            240,
-            lambda: str(
-                (get_job(k8s_api, namespace, "high").get("status") or {}).get("conditions")
-            ),
+        high_pods = wait_running(
+            k8s_api,
+            namespace,
+            "high",
+            pool,
+            what="the high-priority job Running on the low one's nodes",
+            timeout_s=240,
         )
         assert {p.spec.node_name for p in high_pods} <= held
 
@@ -110,7 +98,7 @@ def test_when_capacity_comes_the_higher_priority_waiting_job_plans_first(
     namespace: str,
     gpupools: Callable[..., str],
     local_cluster: Any,
-    priority_classes: tuple[str, str],
+    priority_classes: tuple[str, str],  # noqa: F811 (the fixture imported above)
 ) -> None:
     low, high = priority_classes
     node_pool = f"order-{uuid.uuid4().hex[:6]}"

@@ -6,7 +6,6 @@ the real Kueue: test_kueue_cluster.py."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -14,6 +13,15 @@ from typing import Any
 
 import pytest
 import yaml
+from kueue_builders import (
+    ADMITTED,
+    EVICTED,
+    NO_QUOTA,
+    QUEUE,
+    observed_with,
+    queued,
+    workload_status,
+)
 from operator_builders import JOB_SPEC, RecordingPlanner
 from test_reconcile_trainingjob import NOW, _reason, observe, refuse, with_status
 
@@ -21,13 +29,12 @@ from sailplan.operator.api.common import find_condition
 from sailplan.operator.api.gpupool import GPUPool
 from sailplan.operator.api.trainingjob import TrainingJob, TrainingJobStatus
 from sailplan.operator.reconcile import kueue
+from sailplan.operator.reconcile.children import desired_children
 from sailplan.operator.reconcile.trainingjob import Observed, Outcome, reconcile
 from sailplan.planner.api import Planned
 from sailplan.planner.catalog import Catalog
 from sailplan.planner.plan import Plan
 from sailplan.planner.workerenv import CHECKPOINT_REQUEST_ANNOTATION
-
-QUEUE = "team-a-gpus"
 
 
 def admitted_message(status: TrainingJobStatus) -> str | None:
@@ -37,39 +44,7 @@ def admitted_message(status: TrainingJobStatus) -> str | None:
 
 @pytest.fixture
 def job(make_job: Callable[..., TrainingJob]) -> TrainingJob:
-    return make_job().model_copy(update={"labels": {kueue.QUEUE_LABEL: QUEUE}})
-
-
-def workload_status(workload: dict[str, Any], **conditions: tuple[str, str, str]) -> dict[str, Any]:
-    """The Workload as Kueue left it: conditions type -> (status, reason, message)."""
-    status: dict[str, Any] = {
-        "conditions": [
-            {"type": type_, "status": s, "reason": reason, "message": message}
-            for type_, (s, reason, message) in conditions.items()
-        ]
-    }
-    if conditions.get("QuotaReserved", ("False",))[0] == "True":
-        status["admission"] = {"clusterQueue": "gpus"}
-    return workload | {"status": status}
-
-
-ADMITTED = {
-    "QuotaReserved": ("True", "QuotaReserved", "Quota reserved in ClusterQueue gpus"),
-    "Admitted": ("True", "Admitted", "The workload is admitted"),
-}
-NO_QUOTA = {
-    "QuotaReserved": (
-        "False",
-        "Pending",
-        "couldn't assign flavors to pod set a100: insufficient unused quota for "
-        "nvidia.com/gpu in flavor a100, 4 more needed",
-    )
-}
-
-
-def observed_with(observed: Observed, *bodies: dict[str, Any]) -> Observed:
-    workloads = tuple(w for w in map(kueue.observed_workload, bodies) if w is not None)
-    return dataclasses.replace(observed, workloads=workloads)
+    return queued(make_job())
 
 
 def first_pass(
@@ -219,12 +194,7 @@ def test_an_evicted_workload_drains_the_job_and_its_next_plan_queues_a_new_one(
     assert steady.status.phase == "Running"
     job = with_status(job, steady)
 
-    evicted = workload_status(
-        workload,
-        QuotaReserved=("True", "QuotaReserved", ""),
-        Admitted=("True", "Admitted", ""),
-        Evicted=("True", "Preempted", "Preempted to accommodate a workload of higher priority"),
-    )
+    evicted = workload_status(workload, **EVICTED)
     drain = reconcile(
         observed_with(observe(job, pools, created, running), evicted),
         refuse,
@@ -292,9 +262,7 @@ def test_a_finished_job_deletes_its_workload_which_returns_the_quota(
 def test_a_spec_suspended_queued_job_never_creates_a_workload(
     make_job: Callable[..., TrainingJob], pools: tuple[GPUPool, ...], catalog: Catalog
 ) -> None:
-    job = make_job(JOB_SPEC | {"suspend": True}).model_copy(
-        update={"labels": {kueue.QUEUE_LABEL: QUEUE}}
-    )
+    job = queued(make_job(JOB_SPEC | {"suspend": True}))
     outcome = reconcile(Observed(job=job, pools=pools), refuse, catalog, NOW)
     assert outcome.create == () and outcome.status.phase == "Suspended"
     assert _reason(outcome.status, "Suspended") == ("True", "JobSuspended")
@@ -343,9 +311,7 @@ def test_the_workers_priority_class_is_the_workloads_so_kueue_orders_and_preempt
     make_job: Callable[..., TrainingJob], pools: tuple[GPUPool, ...], plan: Plan, catalog: Catalog
 ) -> None:
     overrides = {"spec": {"priorityClassName": "training-high"}}
-    job = make_job(JOB_SPEC | {"podTemplateOverrides": overrides}).model_copy(
-        update={"labels": {kueue.QUEUE_LABEL: QUEUE}}
-    )
+    job = queued(make_job(JOB_SPEC | {"podTemplateOverrides": overrides}))
     observed = Observed(job=job, pools=pools, workload_priority=100_000)
     outcome = reconcile(observed, RecordingPlanner(Planned(best=plan)), catalog, NOW)
     (workload,) = [o for o in outcome.create if o["kind"] == "Workload"]
@@ -355,8 +321,158 @@ def test_the_workers_priority_class_is_the_workloads_so_kueue_orders_and_preempt
     }
     assert workload["spec"]["priorityClassSource"] == "scheduling.k8s.io/priorityclass"
     # Without one the Workload names none (Kueue then uses its default, 0).
-    plain = first_pass(
-        make_job().model_copy(update={"labels": {kueue.QUEUE_LABEL: QUEUE}}), pools, plan, catalog
-    )
+    plain = first_pass(queued(make_job()), pools, plan, catalog)
     (workload,) = [o for o in plain.create if o["kind"] == "Workload"]
     assert "priorityClassName" not in workload["spec"] and "priority" not in workload["spec"]
+
+
+# -- a replan keeps the job's standing in the queue ------------------------------------------
+def _generation_pods(
+    job: TrainingJob, plan: Plan, generation: int, pools: tuple[GPUPool, ...]
+) -> tuple[dict[str, Any], ...]:
+    return desired_children(job, plan, generation, 0, {p.name: p for p in pools}).pods
+
+
+def _admit_generation(
+    job: TrainingJob,
+    pools: tuple[GPUPool, ...],
+    plan: Plan,
+    generation: int,
+    *bodies: dict[str, Any],
+) -> kueue.Admission:
+    pods = _generation_pods(job, plan, generation, pools)
+    admission = kueue.admit(
+        job,
+        tuple(w for w in map(kueue.observed_workload, bodies) if w is not None),
+        list(pods),
+        generation=generation,
+        generation_pods=pods,
+        finished=False,
+        previous=None,
+    )
+    assert admission is not None
+    return admission
+
+
+def test_a_replan_while_waiting_updates_the_pending_workload_which_keeps_its_place(
+    job: TrainingJob, pools: tuple[GPUPool, ...], plan: Plan
+) -> None:
+    """Kueue orders pending Workloads by priority, then creation time: the replan's pod sets
+    go into the Workload that waits (allowed while no quota is reserved), so the job keeps
+    its place; the patch is conditional on the Workload as read."""
+    old = kueue.render_workload(job, 1, _generation_pods(job, plan, 1, pools), QUEUE)
+    pending = workload_status(old, resource_version="41", **NO_QUOTA)
+    admission = _admit_generation(job, pools, plan, 2, pending)
+    assert not [o for o in admission.create if o["kind"] in ("Pod", "Workload")]
+    assert admission.delete_workloads == ()
+    ((name, patch),) = admission.patch_workloads
+    assert name == old["metadata"]["name"]
+    assert patch["metadata"] == {
+        "labels": {"sailplan.dev/plan-generation": "2"},
+        "resourceVersion": "41",
+    }
+    new = kueue.render_workload(job, 2, _generation_pods(job, plan, 2, pools), QUEUE)
+    assert patch["spec"]["podSets"] == new["spec"]["podSets"]
+    conditions = {c.type: (c.status, c.reason) for c in admission.conditions}
+    assert conditions[kueue.COND_ADMITTED] == ("False", kueue.REASON_WORKLOAD_UPDATED)
+    assert conditions["Suspended"] == ("True", kueue.REASON_AWAITING_ADMISSION)
+    # The next pass finds it as the new generation's Workload.
+    relabelled = pending | {
+        "metadata": pending["metadata"]
+        | {"labels": pending["metadata"]["labels"] | patch["metadata"]["labels"]}
+    }
+    (observed,) = [kueue.observed_workload(relabelled)]
+    assert observed is not None and observed.generation == 2
+
+
+def test_an_admitted_workload_whose_quota_covers_the_new_plan_keeps_its_admission(
+    job: TrainingJob, pools: tuple[GPUPool, ...], plan: Plan
+) -> None:
+    old_pods = _generation_pods(job, plan, 1, pools)
+    old = kueue.render_workload(job, 1, old_pods, QUEUE)
+    # Admitted for one worker more per pool than the new plan has.
+    bigger = old | {
+        "spec": old["spec"]
+        | {"podSets": [ps | {"count": ps["count"] + 1} for ps in old["spec"]["podSets"]]}
+    }
+    admission = _admit_generation(job, pools, plan, 2, workload_status(bigger, **ADMITTED))
+    assert [o["kind"] for o in admission.create] == ["Pod"] * len(plan.workers())
+    ((name, patch),) = admission.patch_workloads
+    assert name == old["metadata"]["name"] and "spec" not in patch  # admitted: never resized
+    assert patch["metadata"]["labels"] == {"sailplan.dev/plan-generation": "2"}
+    conditions = {c.type: (c.status, c.reason) for c in admission.conditions}
+    assert conditions[kueue.COND_ADMITTED] == ("True", kueue.REASON_ADMITTED)
+    assert admission.phase is None
+
+
+def test_a_new_plan_beyond_the_admitted_quota_or_after_an_eviction_gets_a_new_workload(
+    job: TrainingJob, pools: tuple[GPUPool, ...], plan: Plan
+) -> None:
+    old = kueue.render_workload(job, 1, _generation_pods(job, plan, 1, pools), QUEUE)
+    smaller = old | {
+        "spec": old["spec"]
+        | {"podSets": [ps | {"count": ps["count"] - 1} for ps in old["spec"]["podSets"]]}
+    }
+    for body in (workload_status(smaller, **ADMITTED), workload_status(old, **EVICTED)):
+        admission = _admit_generation(job, pools, plan, 2, body)
+        (new,) = [o for o in admission.create if o["kind"] == "Workload"]
+        assert new["metadata"]["name"] == kueue.workload_name(job.name, 2)
+        assert admission.delete_workloads == (old["metadata"]["name"],)
+        assert admission.patch_workloads == ()
+        assert not [o for o in admission.create if o["kind"] == "Pod"]
+
+
+def test_charged_sums_each_pools_requests_over_its_pod_sets(
+    job: TrainingJob, pools: tuple[GPUPool, ...], plan: Plan
+) -> None:
+    pods = _generation_pods(job, plan, 1, pools)
+    workload = kueue.render_workload(job, 1, pods, QUEUE)
+    gpus: dict[str, float] = {}
+    for pod in pods:
+        pool = pod["metadata"]["labels"]["sailplan.dev/gpupool"]
+        asked = pod["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"]
+        gpus[pool] = gpus.get(pool, 0.0) + float(asked)
+    assert {
+        pool: total
+        for pool, resource, total in kueue.charged(workload)
+        if resource == kueue.GPU_RESOURCE
+    } == gpus
+    charged = kueue.charged(workload)
+    assert kueue.fits_within(charged, charged)
+    assert not kueue.fits_within(charged, charged[1:])
+
+
+def test_watched_workloads_ask_for_no_poll_and_listed_ones_do(
+    job: TrainingJob, pools: tuple[GPUPool, ...], plan: Plan
+) -> None:
+    """Where the operator watches Workloads (Kueue installed at its start) their changes
+    run the pass, so the gate asks for no later pass; where it lists them it polls, faster
+    right after creating one; without Kueue every minute."""
+    pods = _generation_pods(job, plan, 1, pools)
+    created = kueue.render_workload(job, 1, pods, QUEUE)
+
+    def requeue(watched: bool, *bodies: dict[str, Any], served: bool = True) -> float | None:
+        admission = kueue.admit(
+            job,
+            tuple(w for w in map(kueue.observed_workload, bodies) if w is not None)
+            if served
+            else None,
+            list(pods),
+            generation=1,
+            generation_pods=pods,
+            finished=False,
+            previous=None,
+            watched=watched,
+        )
+        assert admission is not None
+        return admission.requeue_after
+
+    waiting = workload_status(created, **NO_QUOTA)
+    admitted = workload_status(created, **ADMITTED)
+    assert [requeue(True), requeue(True, waiting), requeue(True, admitted)] == [None] * 3
+    assert [requeue(False), requeue(False, waiting), requeue(False, admitted)] == [
+        kueue.CREATED_POLL_SECONDS,
+        kueue.WAITING_POLL_SECONDS,
+        kueue.ADMITTED_POLL_SECONDS,
+    ]
+    assert requeue(True, served=False) == kueue.MISSING_POLL_SECONDS
