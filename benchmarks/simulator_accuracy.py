@@ -19,11 +19,16 @@ reports 6% (time) and 5.56% (memory) on the same runs.
     python benchmarks/simulator_accuracy.py            # table with the shipped constants
     python benchmarks/simulator_accuracy.py --refit    # plus the fit and leave-one-out
     python benchmarks/simulator_accuracy.py --validation <runs> --model GPT-Neo-2.7B
+    python benchmarks/simulator_accuracy.py --breakdown   # memory terms and floor per run
 
 `--validation` takes any folder of Sailor plan files with measurements (the artifact's
 profiles and network fits still come from `--artifact`); a grid point the artifact did not
 measure is estimated (profiles.estimate.complete_profiles) and its row is marked `est`.
 Runs without a measured peak memory print `-` and stay out of the memory error.
+`--breakdown` prints each run's memory terms (model states, activations per micro-batch and
+in flight, overhead) and its floor, the most any stage must hold at once whatever the
+runtime adds (states + one micro-batch's activations): a measured peak below it did not come
+from the training setup priced here (docs/benchmarks.md, held-out runs).
 """
 
 from __future__ import annotations
@@ -122,6 +127,70 @@ def mae(pairs: Sequence[tuple[float, float]]) -> float:
     return float(np.mean([abs(sim - real) / real for real, sim in pairs]))
 
 
+@dataclasses.dataclass(frozen=True)
+class StageMemory:
+    """The memory terms of one stage replica's GPU as the simulator prices them (bytes).
+
+    states: model states (simulator/memory.py); activations: one micro-batch's activations
+    (with its received input) before the allocator factor; in_flight: micro-batches 1F1B
+    keeps (in_flight_micro_batches). Peak = states + factor x in_flight x activations +
+    overhead (CostModel.stage_memory_bytes).
+    """
+
+    stage: int
+    tensor_parallel: int
+    parameters: float
+    states: float
+    activations: float
+    in_flight: int
+
+    def peak(self, constants: SimulatorConstants) -> float:
+        return (
+            self.states
+            + self.activations * self.in_flight * constants.activation_allocator_factor
+            + constants.framework_overhead_bytes
+        )
+
+    @property
+    def floor(self) -> float:
+        """What this GPU must hold at once whatever the runtime adds: its model states and
+        one micro-batch's activations (no overhead, no allocator factor, one micro-batch
+        even where 1F1B keeps more)."""
+        return self.states + self.activations
+
+
+def stage_memory(
+    run: SailorPlan, model: ModelSpec, profiles: ProfileSet, constants: SimulatorConstants
+) -> list[StageMemory]:
+    """Each stage's memory terms (its first replica's GPU type) as the runs trained."""
+    context = PlanningContext(
+        model=model,
+        cluster=run.cluster,
+        profiles=profiles,
+        constants=constants,
+        training=SAILOR_TRAINING,
+    )
+    costs, plan = context.costs, run.plan
+    out = []
+    for index, stage in enumerate(plan.stages):
+        table = costs.require_table(
+            stage.replicas[0].gpu_type, stage.tensor_parallel, plan.micro_batch_size
+        )
+        a, b = stage.layer_start, stage.layer_end
+        activations = table.activation_bytes(a, b)
+        if a > 0:
+            activations += costs.boundary_bytes(plan.micro_batch_size, a)
+        parameters = table.parameters(a, b)
+        states = float(
+            costs.model_state_bytes(parameters, plan.data_parallel, table.tensor_parallel)
+        )
+        flight = in_flight_micro_batches(index, plan.pipeline_depth, plan.num_micro_batches)
+        out.append(
+            StageMemory(index, table.tensor_parallel, parameters, states, activations, flight)
+        )
+    return out
+
+
 def fit_memory(
     runs: Runs, model: ModelSpec, profiles: ProfileSet, base: SimulatorConstants
 ) -> SimulatorConstants:
@@ -132,36 +201,10 @@ def fit_memory(
     """
     rows, targets, weights = [], [], []
     for _, run in runs:
-        context = PlanningContext(
-            model=model,
-            cluster=run.cluster,
-            profiles=profiles,
-            constants=base,
-            training=SAILOR_TRAINING,
-        )
-        costs, plan = context.costs, run.plan
-        best: tuple[float, float, float] | None = None
-        for index, stage in enumerate(plan.stages):
-            table = costs.require_table(
-                stage.replicas[0].gpu_type, stage.tensor_parallel, plan.micro_batch_size
-            )
-            a, b = stage.layer_start, stage.layer_end
-            activations = table.activation_bytes(a, b)
-            if a > 0:
-                activations += costs.boundary_bytes(plan.micro_batch_size, a)
-            flight = in_flight_micro_batches(index, plan.pipeline_depth, plan.num_micro_batches)
-            states = float(
-                costs.model_state_bytes(
-                    table.parameters(a, b), plan.data_parallel, table.tensor_parallel
-                )
-            )
-            predicted = states + activations * flight * base.activation_allocator_factor
-            if best is None or predicted > best[0]:
-                best = (predicted, states, activations * flight)
-        assert best is not None
+        best = max(stage_memory(run, model, profiles, base), key=lambda s: s.peak(base))
         real = float(run.measured_peak_memory_bytes or 0)
-        rows.append([1.0, best[2]])
-        targets.append(real - best[1])
+        rows.append([1.0, best.activations * best.in_flight])
+        targets.append(real - best.states)
         weights.append(1.0 / real)
     w = np.array(weights)
     solution, *_ = np.linalg.lstsq(np.array(rows) * w[:, None], np.array(targets) * w, rcond=None)
@@ -170,6 +213,41 @@ def fit_memory(
         framework_overhead_bytes=float(solution[0]),
         activation_allocator_factor=float(solution[1]),
     )
+
+
+def print_breakdown(
+    runs: Runs, model: ModelSpec, profiles: ProfileSet, constants: SimulatorConstants
+) -> None:
+    """Per run: the terms of the stage the simulator says peaks, and the largest floor of
+    any stage (model states + one micro-batch's activations), against the measured peak.
+    A measured peak below the floor cannot come from the training setup priced here
+    (SAILOR_TRAINING: fp32, no recomputation, scores stored), whatever the overhead."""
+    print(
+        "Memory terms of the peak stage (GB): states + factor x in-flight activations + "
+        "overhead; floor = the largest states + one micro-batch's activations of any stage"
+    )
+    header = (
+        f"{'plan':<16}{'real':>7}{'states':>8}{'act/mb':>8}{'x mb':>6}{'overhd':>8}"
+        f"{'sim':>7}{'floor':>7}{'real-floor':>11}"
+    )
+    print(header)
+    print("-" * len(header))
+    below = 0
+    for name, run in runs:
+        stages = stage_memory(run, model, profiles, constants)
+        peak = max(stages, key=lambda s: s.peak(constants))
+        floor = max(s.floor for s in stages)
+        real = float(run.measured_peak_memory_bytes or 0)
+        margin = f"{(real - floor) / 1e9:>11.2f}" if real > 0 else f"{'-':>11}"
+        below += real > 0 and real < floor
+        print(
+            f"{name:<16}{real / 1e9:>7.2f}{peak.states / 1e9:>8.2f}"
+            f"{peak.activations / 1e9:>8.2f}{peak.in_flight:>6}"
+            f"{constants.framework_overhead_bytes / 1e9:>8.2f}{peak.peak(constants) / 1e9:>7.2f}"
+            f"{floor / 1e9:>7.2f}{margin}"
+        )
+    print(f"runs whose measured peak is below the floor: {below} of {len(runs)}")
+    print()
 
 
 def fit(runs: Runs, model: ModelSpec, profiles: ProfileSet) -> SimulatorConstants:
@@ -248,6 +326,11 @@ def main() -> int:
         "(default: <artifact>/validation/gh200-opt350)",
     )
     parser.add_argument("--model", default="OPT-350M", help="catalog model the runs trained")
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="memory terms per run and the floor no runtime goes below",
+    )
     args = parser.parse_args()
     validation = args.validation or args.artifact / "validation" / "gh200-opt350"
     if not validation.is_dir():
@@ -285,6 +368,8 @@ def main() -> int:
         "communication from the network (no efficiency constant), "
         "DeepSpeed's blocking pipeline sends",
     )
+    if args.breakdown:
+        print_breakdown(runs, model, profiles, c)
     if not args.refit:
         return 0
 

@@ -39,10 +39,16 @@ class SimulatorConstants:
     - framework_overhead_bytes: memory every rank uses outside the tensors the model
       accounts for (CUDA context, cuBLAS/NCCL workspaces, fused-kernel modules). Least
       squares over the runs gives 5.15 GB; Sailor's own simulator uses 4.76 GB + 300 MB
-      for the same platform.
+      for the same platform. The runs' peak is nvidia-smi's used memory after the
+      optimizer step, the maximum over ranks (Sailor's process_results.py), and Aceso's
+      runs on the same cluster measure 3.1-4.1 GB of it outside PyTorch (nvidia-smi total
+      minus max reserved), so this is a GH200 platform figure: other GPUs get it until
+      their own is measured (docs/benchmarks.md, "Why the consumer runs' memory is not
+      predicted").
     - activation_allocator_factor: the caching allocator reserves more than the
       activations it holds (block rounding, fragmentation between micro-batches): 1.06 from
-      the same least-squares fit (the Korthikanti formula is otherwise used as is).
+      the same least-squares fit (the Korthikanti formula is otherwise used as is); Aceso's
+      GH200 runs reserve 1.03-1.09 x their peak allocated memory.
     Communication has no constant here: it is priced from the network's bandwidths and
     NCCL's algorithms (simulator/collectives.py, CostModel.p2p_seconds), each input a
     measured profile or a catalog datasheet figure.
