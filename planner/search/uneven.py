@@ -450,7 +450,7 @@ class UnevenPass:
                     layer_end=edges[i + 1],
                     tensor_parallel=tp,
                     replicas=replicas[i],
-                    **options(i),  # type: ignore[arg-type]
+                    **options(i),
                 )
                 for i in range(shape.depth)
             ),
