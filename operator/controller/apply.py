@@ -128,6 +128,10 @@ async def apply_outcome(
         return
     pods = [o for o in outcome.create if o["kind"] == "Pod"]
     others = [o for o in outcome.create if o["kind"] != "Pod"]
+    # Kueue: an earlier Workload carried over to the plan before the workers it admits, so a
+    # refused patch (409) starts none of them.
+    for workload, workload_patch in outcome.patch_workloads:
+        await run_blocking(kube.patch_workload, job.namespace, workload, workload_patch)
     for obj in others:  # the plan ConfigMap and the Service before any pod
         await run_blocking(kube.create, obj)
     if provisioning and pods:
@@ -180,8 +184,6 @@ async def apply_outcome(
         await run_blocking(kube.delete_pod, namespace, pod_name)
     for workload in outcome.delete_workloads:  # Kueue: a replaced plan's, a finished job's
         await run_blocking(kube.delete_workload, namespace, workload)
-    for workload, workload_patch in outcome.patch_workloads:  # Kueue: carried over to a plan
-        await run_blocking(kube.patch_workload, namespace, workload, workload_patch)
     for pod_name, wanted in outcome.annotate_pods:
         await run_blocking(kube.annotate_pod, namespace, pod_name, wanted)
     if outcome.create or outcome.delete_pods or outcome.delete_workloads or outcome.patch_workloads:

@@ -485,11 +485,10 @@ def _carry_over(
         return None
     last = max(earlier, key=lambda w: w.generation)
     stale = tuple(w.name for w in earlier if w.name != last.name)
-    metadata: dict[str, Any] = {"labels": {naming.LABEL_GENERATION: str(generation)}}
-    if last.resource_version:
-        metadata["resourceVersion"] = last.resource_version
-    labels: dict[str, Any] = {"metadata": metadata}
+    labels: dict[str, Any] = {"metadata": {"labels": {naming.LABEL_GENERATION: str(generation)}}}
     if last.admitted and fits_within(charged(workload), last.charged):
+        # Only the label: harmless whatever Kueue wrote since (an eviction meanwhile is
+        # seen by the next pass), so no resourceVersion to conflict with its status writes.
         condition = Condition(
             type=COND_ADMITTED,
             status="True",
@@ -509,6 +508,9 @@ def _carry_over(
         )
     if last.reserved:
         return None
+    # New pod sets only into the Workload as read: one Kueue admitted meanwhile refuses
+    # them (409), and the next pass sees the admission.
+    metadata = {**labels["metadata"], "resourceVersion": last.resource_version}
     spec = {k: workload["spec"][k] for k in workload["spec"] if k != "queueName"}
     message = (
         f"Workload {last.name} now asks for plan generation {generation} "
@@ -526,7 +528,7 @@ def _carry_over(
     return Admission(
         waiting.create,
         delete_workloads=stale,
-        patch_workloads=((last.name, labels | {"spec": spec}),),
+        patch_workloads=((last.name, {"metadata": metadata, "spec": spec}),),
         conditions=waiting.conditions,
         events=waiting.events,
         requeue_after=waiting.requeue_after,

@@ -555,9 +555,12 @@ def _suspended_unplanned(observed: Observed, status: TrainingJobStatus, now: dat
 
 def _resumed(observed: Observed, outcome: Outcome, now: datetime) -> Outcome:
     """Suspended turns False (reason JobResumed) on the first pass after spec.suspend was
-    unset, whichever path the pass took."""
+    unset, whichever path the pass took. Not after a Kueue suspension (reconcile.kueue's
+    reasons): the queue's gate sets Suspended itself."""
     was = find_condition(observed.job.status.conditions, api.COND_SUSPENDED)
     if observed.job.spec.suspend or was is None or was.status != "True":
+        return outcome
+    if was.reason not in (api.REASON_SUSPENDING, api.REASON_JOB_SUSPENDED):
         return outcome
     generation = observed.job.generation
     resumed = conditions(Facts(generation, spec_checked=False, suspension=api.REASON_JOB_RESUMED))

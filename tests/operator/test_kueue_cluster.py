@@ -129,6 +129,14 @@ def workloads_of(k8s_api: Any, namespace: str) -> list[dict[str, Any]]:
     return items
 
 
+def gpus_of(pods: list[Any]) -> int:
+    return sum(
+        int((c.resources.requests or {}).get("nvidia.com/gpu", 0))
+        for p in pods
+        for c in p.spec.containers
+    )
+
+
 def gpus_asked(workload: dict[str, Any]) -> int:
     return sum(
         int(total)
@@ -290,11 +298,7 @@ def test_kueue_admits_a_plan_as_one_gang_and_queues_a_job_over_quota_with_the_re
             found = wait_admitted(k8s_api, namespace, "first", explain)
             assert found[1] == kueue.REASON_ADMITTED
             job = get_job(k8s_api, namespace, "first")
-            gpus = sum(
-                int((c.resources.requests or {}).get("nvidia.com/gpu", 0))
-                for p in first
-                for c in p.spec.containers
-            )
+            gpus = gpus_of(first)
             # The plan's GPUs, admitted as one Workload under the quota they fill.
             assert gpus == job["status"]["plan"]["gpus"] == QUOTA_GPUS
             (workload,) = workloads_of(k8s_api, namespace)
@@ -521,20 +525,13 @@ def test_a_replanned_job_keeps_its_place_in_the_queue_and_its_admission(
             smaller_budget("a")
 
             def a_replanned() -> list[Any] | None:
-                pods = running_on(k8s_api, namespace, "a", pool)()
-                generations = {
-                    p.metadata.labels["sailplan.dev/plan-generation"] for p in pods or ()
-                }
-                return pods if pods and "1" not in generations else None
+                # Every worker of a later plan running, all of them (they are created one
+                # by one): the 2 GPUs of the new budget.
+                pods = running_on(k8s_api, namespace, "a", pool)() or []
+                generations = {p.metadata.labels["sailplan.dev/plan-generation"] for p in pods}
+                return pods if pods and "1" not in generations and gpus_of(pods) == 2 else None
 
-            replanned = wait_for("a running its 2-GPU plan", a_replanned, 180, explain)
-            assert (
-                sum(
-                    int(p.spec.containers[0].resources.requests["nvidia.com/gpu"])
-                    for p in replanned
-                )
-                == 2
-            )
+            wait_for("a running its 2-GPU plan", a_replanned, 180, explain)
             a_after = workload("a")
             assert a_after["metadata"]["uid"] == a_before["metadata"]["uid"]
             assert a_after["metadata"]["labels"]["sailplan.dev/plan-generation"] != "1"

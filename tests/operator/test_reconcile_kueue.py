@@ -116,7 +116,22 @@ def test_workers_start_only_once_kueue_admitted_the_workload(
     assert waiting.status.phase == "Suspended"
     suspended = find_condition(waiting.status.conditions, "Suspended")
     assert suspended is not None and "insufficient unused quota" in suspended.message
+    # The queue's suspension is not spec.suspend's: no resume reported between passes, and
+    # the condition keeps its transition time (a status that changed every pass would
+    # trigger the next pass through the job's own watch).
+    first_suspended = find_condition(first.status.conditions, "Suspended")
+    assert first_suspended is not None
+    assert suspended.last_transition_time == first_suspended.last_transition_time
     job = with_status(job, waiting)
+    again = reconcile(
+        observed_with(observe(job, pools, created), workload_status(workload, **NO_QUOTA)),
+        refuse,
+        catalog,
+        NOW + timedelta(seconds=7),
+    )
+    for outcome in (waiting, again):
+        assert "JobResumed" not in [e.reason for e in outcome.events]
+    assert again.status.conditions == waiting.status.conditions
 
     running = reconcile(
         observed_with(observe(job, pools, created), workload_status(workload, **ADMITTED)),
@@ -399,7 +414,7 @@ def test_an_admitted_workload_whose_quota_covers_the_new_plan_keeps_its_admissio
     assert [o["kind"] for o in admission.create] == ["Pod"] * len(plan.workers())
     ((name, patch),) = admission.patch_workloads
     assert name == old["metadata"]["name"] and "spec" not in patch  # admitted: never resized
-    assert patch["metadata"]["labels"] == {"sailplan.dev/plan-generation": "2"}
+    assert patch["metadata"] == {"labels": {"sailplan.dev/plan-generation": "2"}}
     conditions = {c.type: (c.status, c.reason) for c in admission.conditions}
     assert conditions[kueue.COND_ADMITTED] == ("True", kueue.REASON_ADMITTED)
     assert admission.phase is None
