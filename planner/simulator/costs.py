@@ -632,8 +632,9 @@ class CostModel:
         Latency + size / bandwidth on the link that carries it: the node's NVLink/PCIe when
         both are on one node; else the sender's and receiver's NICs, each group getting the
         share of its node's NIC its GPUs are of the node (the node's other GPUs send at the
-        same time), the slower of the two; across zones or regions the measured (or
-        estimated) link between the two zones when that is slower still. Across nodes the
+        same time), the slower of the two; across zones or regions the link between the two
+        zones (zone_link) when that is slower still, in either direction (a pipeline
+        boundary carries the activation one way and its gradient the other at once). Across nodes the
         bytes go as `flows` parallel flows, so each curve is read at nbytes / flows.
         """
         if nbytes <= 0:
@@ -655,7 +656,10 @@ class CostModel:
                     )
                 link = self.link_class(a, b)
                 if link != "intra-zone":
-                    rates.append(self._group_curve(a, b, tp, False).bytes_per_second(message))
+                    # each 1F1B cycle sends the activation a -> b while the gradient comes
+                    # back b -> a: the slower direction between the zones paces the boundary
+                    for ends in ((a, b), (b, a)):
+                        rates.append(self._group_curve(*ends, tp, False).bytes_per_second(message))
                 else:
                     pair = self.measured_pair_curve(a, b)
                     if pair is not None:

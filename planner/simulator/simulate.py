@@ -289,9 +289,10 @@ def profile_refs(plan: Plan, context: PlanningContext) -> tuple[ProfileRef, ...]
 
 def zone_links(plan: Plan, context: PlanningContext) -> list[tuple[Replica, Replica, ZoneLink]]:
     """Every link between two zones the plan's prediction crossed, sender first, with the
-    curve it was priced from (CostModel.zone_link): the pipeline sends between stages at the
-    TP group's node shape, and each stage's all-reduce ring edges that change zone at the
-    sender's node shape. One entry per (sender, receiver, shape), in plan order."""
+    curve it was priced from (CostModel.zone_link): both directions of each pipeline
+    boundary between stages at the TP group's node shape (activations one way, gradients
+    the other), and each stage's all-reduce ring edges that change zone at the sender's node
+    shape. One entry per (sender, receiver, shape), in plan order."""
     costs = context.costs
     found: dict[tuple[str, str, str, str, int], tuple[Replica, Replica, ZoneLink]] = {}
     edges: list[tuple[Replica, Replica, int]] = []
@@ -299,6 +300,7 @@ def zone_links(plan: Plan, context: PlanningContext) -> list[tuple[Replica, Repl
         tp = min(plan.stages[k].tensor_parallel, plan.stages[k + 1].tensor_parallel)
         for a, b in zip(plan.stages[k].replicas, plan.stages[k + 1].replicas, strict=True):
             edges.append((a, b, costs.zone_link_gpus(a, b, tp)))
+            edges.append((b, a, costs.zone_link_gpus(a, b, tp)))
     for stage in plan.stages:
         for a, b in costs.ring_zone_edges(costs.ring_order(stage.replicas)):
             edges.append((a, b, costs.gpus_per_node(a)))

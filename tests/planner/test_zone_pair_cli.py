@@ -42,16 +42,16 @@ def plan_file(tmp_path: Path, second_zone: str) -> Path:
 
 
 def measured_pairs(tmp_path: Path) -> Path:
-    """A -> B measured slow, A -> C fast (one direction each)."""
+    """A <-> B measured slow, A <-> C fast (both directions of each pair)."""
     directory = tmp_path / "profiles"
-    for peer_zone, rate in ((ZB, 2e7), (ZC, 2e8)):
+    for zone, peer_zone, rate in ((ZA, ZB, 2e7), (ZB, ZA, 2e7), (ZA, ZC, 2e8), (ZC, ZA, 2e8)):
         write_profile(
             directory,
             NetworkProfile(
                 link="inter-zone",
                 gpu_type="A100-40",
                 peer_gpu_type="A100-40",
-                zone=ZA,
+                zone=zone,
                 peer_zone=peer_zone,
                 gpus_per_node=1,
                 curve=BandwidthCurve(

@@ -119,6 +119,19 @@ def test_each_direction_has_its_own_curve() -> None:
     assert ctx.costs.zone_link(A, B, 1).source == "measured"
 
 
+def test_a_pipeline_boundary_is_paced_by_the_slower_direction() -> None:
+    # activations go one way and gradients the other in the same 1F1B cycle
+    slow_back = pair(B, A, A_TO_B / 4)
+    ctx = context(pair(A, B, A_TO_B), slow_back)
+    assert ctx.costs.p2p_seconds(1e6, A, B) == pytest.approx(
+        NETWORK_HOP_LATENCY_S + 1e6 / (A_TO_B / 4)
+    )
+    fast_back = context(pair(A, B, A_TO_B), pair(B, A, A_TO_B * 4))
+    assert fast_back.costs.p2p_seconds(1e6, A, B) == pytest.approx(
+        NETWORK_HOP_LATENCY_S + 1e6 / A_TO_B
+    )
+
+
 def test_an_unmeasured_pair_falls_back_to_the_class_and_says_so() -> None:
     ctx = context(*PAIRS)
     link = ctx.costs.zone_link(C, A, 1)  # only A -> C was measured
@@ -160,8 +173,11 @@ def test_the_plan_lists_pair_keys_measured_or_estimated() -> None:
         (ZA, ZC, "measured"),
         (ZC, ZA, "estimated"),
     ]
+    # a pipeline boundary uses both directions: A <-> B were both measured
     forward = {r.key: r for r in profile_refs(two_stages(A, B), ctx)}
     assert forward[zone_pair_key("inter-zone", ZA, GPU, ZB, GPU, 1)].source == "measured"
+    one_way = {r.key: r for r in profile_refs(two_stages(A, C), ctx)}
+    assert one_way[zone_pair_key("inter-zone", ZA, GPU, ZC, GPU, 1)].source == "estimated"
     assert not any(k.startswith("network/inter-zone/A100") for k in forward)
 
 
