@@ -254,7 +254,15 @@ def _running(
         and _unplaced(mine, plan)
         and (shortfall := t.plan_shortfall(plan, inputs.cluster))
     ):
-        forced = t.Trigger(t.CAPACITY_LOST, "; ".join(shortfall), involuntary=True)
+        # Graceful only while a worker runs (it may train on and checkpoint first); workers
+        # whose pods went with their nodes, or that never got one, leave nothing to keep: with
+        # no plan that fits, the job waits (Unschedulable) instead of recreating them Pending.
+        forced = t.Trigger(
+            t.CAPACITY_LOST,
+            "; ".join(shortfall),
+            involuntary=True,
+            graceful=any(p.phase == "Running" for p in mine),
+        )
     if forced is not None:
         if (state.trigger, state.evaluated_cluster_hash) == (forced.name, hash_now):
             return state, actions + _ensure(state, inputs, mine)  # judged already: no capacity

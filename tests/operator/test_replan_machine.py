@@ -263,6 +263,22 @@ def test_workers_that_never_got_a_node_are_replaced_without_a_drain(plan1: Plan)
     assert m.DeletePods(names(waiting)) in actions
 
 
+def test_workers_gone_with_their_nodes_and_no_capacity_wait_without_pods(plan1: Plan) -> None:
+    # The pods went with their nodes (the pod garbage collector removed them before the
+    # job looked): no disrupted pod to see, only capacity the plan counted that is gone.
+    # Nothing runs, so nothing is kept: the job waits, Unschedulable, and does not recreate
+    # its workers Pending on capacity that is not there (where they reserved GPUs and kept
+    # it from ever showing as waiting).
+    job = make_job()
+    state = running_state(job, plan1)
+    inputs = observe(job, plan1, [], nodes(0), [gpupool(0, 0)])
+    waiting, actions = replay(state, inputs, NOW)
+    assert waiting.phase == "Waiting" and waiting.trigger == t.CAPACITY_LOST
+    assert m.job_phase(waiting) == "Unschedulable"
+    again, actions = replay(waiting, inputs, NOW + timedelta(seconds=30))
+    assert again == waiting and "CreateChildren" not in kinds(actions)
+
+
 def test_no_capacity_waits_and_resumes_by_itself(plan1: Plan) -> None:
     job = make_job()
     state = running_state(job, plan1)
