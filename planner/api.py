@@ -69,7 +69,17 @@ class PlanRequest(BaseModel):
         default="fp32",
         description=(
             "auto = bf16 where every GPU type of the plan has it (catalog), else fp16 with "
-            "loss scaling; or a fixed choice. The trainer keeps fp32 master weights either way"
+            "loss scaling; or a fixed choice. The optimizer updates fp32 master weights "
+            "either way"
+        ),
+    )
+    half_parameters: bool = Field(
+        default=True,
+        description=(
+            "with a 16-bit precision, keep parameters, gradients and stage-boundary tensors "
+            "in it and an fp32 master copy in the optimizer (Plan.half_parameters; "
+            "DeepSpeed's and Megatron's bf16/fp16 mode, 2 + 2 + 12 bytes per parameter); "
+            "False = fp32 parameters under autocast (4 + 4 + 8). Ignored under fp32"
         ),
     )
     zero_stage: Literal[0, 1, 2] | None = Field(
@@ -141,7 +151,11 @@ class PlanRequest(BaseModel):
         if self.zero_stage is None:
             return DEFAULT_TRAINING
         precision: Precision = "fp32" if self.precision == "fp32" else "bf16"
-        return TrainingSetup.trainer(zero_stage=self.zero_stage, precision=precision)
+        return TrainingSetup.trainer(
+            zero_stage=self.zero_stage,
+            precision=precision,
+            half_parameters=self.half_parameters,
+        )
 
     @model_validator(mode="after")
     def _has_gpus(self) -> PlanRequest:
@@ -296,7 +310,8 @@ def make_plan(
         def with_precision(plan: Plan) -> Plan:
             gpus = {r.gpu_type for stage in plan.stages for r in stage.replicas}
             chosen = resolve_precision(request.precision, gpus, catalog)
-            return plan.model_copy(update={"precision": chosen})
+            half = request.half_parameters and chosen != "fp32"
+            return plan.model_copy(update={"precision": chosen, "half_parameters": half})
 
         result = result.model_copy(
             update={

@@ -202,9 +202,17 @@ class Plan(BaseModel):
     precision: Literal["fp32", "bf16", "fp16"] = Field(
         default="fp32",
         description=(
-            "compute precision: the trainer keeps fp32 parameters (master weights) and runs "
-            "forward and backward under torch.autocast in bf16 or fp16 (fp16 with dynamic "
-            "loss scaling); fp32 = no autocast"
+            "compute precision: forward and backward run under torch.autocast in bf16 or "
+            "fp16 (fp16 with dynamic loss scaling); fp32 = no autocast"
+        ),
+    )
+    half_parameters: bool = Field(
+        default=False,
+        description=(
+            "with precision bf16 or fp16: parameters, gradients and stage-boundary tensors "
+            "in that 16-bit type, the optimizer updating an fp32 master copy (DeepSpeed's "
+            "and Megatron's bf16/fp16 mode: 2 + 2 + 12 bytes per parameter); False = fp32 "
+            "parameters that are their own master copy. Ignored under fp32"
         ),
     )
     global_batch_size: int = Field(ge=1)
@@ -226,6 +234,11 @@ class Plan(BaseModel):
     predictions: Predictions | None = None
     inputs: PlanInputs = PlanInputs()
     reason: str = ""
+
+    @property
+    def parameter_dtype(self) -> Literal["fp32", "bf16", "fp16"]:
+        """What the trainer keeps the parameters, gradients and boundary tensors in."""
+        return self.precision if self.half_parameters else "fp32"
 
     @model_validator(mode="after")
     def _consistent(self) -> Plan:

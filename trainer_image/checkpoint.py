@@ -232,10 +232,12 @@ def logical_state(
     """
     state: dict[str, torch.Tensor] = {}
     for key, param, split in _param_keys(model):
+        # the fp32 master value, not a 16-bit parameter's rounding of it
+        master = optimizer.master(param)
         moments = optimizer.moments(param)
         if not saves_parameters:
             continue
-        tensors: dict[str, torch.Tensor] = {key: param}
+        tensors: dict[str, torch.Tensor] = {key: master}
         for moment, value in sorted(moments.items()):
             tensors[f"optim.{moment}.{key}"] = value
         for name, tensor in tensors.items():
@@ -265,7 +267,8 @@ def restore_state(
     wanted: dict[str, torch.Tensor] = {}
     for key, param, split in _param_keys(model, with_tied_copy=True):
         shape = logical_shape(param.shape, split)
-        wanted[key] = torch.empty(shape, dtype=param.dtype)
+        # parameters are saved as their fp32 master values (logical_state)
+        wanted[key] = torch.empty(shape, dtype=torch.float32)
         if with_moments:
             for moment in ("exp_avg", "exp_avg_sq"):
                 wanted[f"optim.{moment}.{key}"] = torch.empty(shape, dtype=torch.float32)
@@ -273,7 +276,7 @@ def restore_state(
     step = int(info.marker["step"])
     with torch.no_grad():
         for key, param, split in _param_keys(model, with_tied_copy=True):
-            param.copy_(local_shard(wanted[key], split, tp))
+            optimizer.set_master(param, local_shard(wanted[key], split, tp).to(param.device))
             if with_moments:
                 moments = {
                     moment: local_shard(wanted[f"optim.{moment}.{key}"], split, tp)

@@ -41,7 +41,7 @@ from sailplan.trainer.model import (
     shared_weight,
 )
 from sailplan.trainer.optimizer import make_optimizer
-from sailplan.trainer.precision import MixedPrecision, effective_precision
+from sailplan.trainer.precision import MixedPrecision, effective_precision, parameter_dtype
 from sailplan.trainer.progress import Reporter
 from sailplan.trainer.schedule import MicroBatchFn, PipelineComm, run_1f1b
 from sailplan.trainer.stopping import StopSignal
@@ -135,7 +135,10 @@ class Trainer:
         self.model = StageModel(plan.model, stage.layer_start, stage.layer_end, self.groups.tp)
         self.model.recompute = stage.recompute == "full"
         self.model.initialise(config.seed)
-        self.model.to(device)
+        # 16-bit parameters (Plan.half_parameters): the fp32 initialisation rounded, as
+        # DeepSpeed's bf16/fp16 mode holds a model built in fp32 and cast
+        self.dtype = parameter_dtype(plan.precision, plan.half_parameters)
+        self.model.to(device=device, dtype=self.dtype)
         self.params = list(self.model.parameters())
         self.optimizer = make_optimizer(
             self.params,
@@ -169,7 +172,7 @@ class Trainer:
             out_shapes=plan.model.boundary_shapes(mbs, stage.layer_end)
             if stage.layer_end < layers
             else (),
-            dtype=torch.float32,
+            dtype=self.dtype,
             device=device,
         )
         self.store = CheckpointStore(config.checkpoint_dir)
@@ -180,12 +183,14 @@ class Trainer:
             keep=config.checkpoints_to_keep,
         )
         self.reporter = Reporter(rank=rank, local_rank=local_rank, generation=generation)
-        # fp32 master weights (the parameters) under autocast; fp16 with a loss scale
+        # autocast over fp32 master weights (the parameters, or the optimizer's copies of
+        # 16-bit ones); fp16 with a loss scale, divided out in fp32
         self.precision = MixedPrecision(
             effective_precision(plan.precision, config.mixed_precision, device),
             device,
             self.params,
             self.model,
+            unscale_in_hooks=self.dtype == torch.float32,
         )
         self.autocast = self.precision.autocast()
 
@@ -273,7 +278,8 @@ class Trainer:
 
     def train_step(self, step: int) -> float:
         """One optimizer step; returns this pipeline's loss on the last stage (0.0 elsewhere)."""
-        scale = self.precision.loss_scale
+        # this step's scale: step_ok may change it before the optimizer divides by it
+        scale, grad_scale = self.precision.loss_scale, self.precision.grad_scale
         plan = self.plan
         loss = run_1f1b(
             self.model,
@@ -288,7 +294,7 @@ class Trainer:
         )
         self.sync_shared_gradients()
         if self.precision.step_ok(self.groups.control):
-            self.optimizer.step()
+            self.optimizer.step(grad_scale)
         else:
             self.optimizer.skip()
         return loss / scale
@@ -307,7 +313,9 @@ class Trainer:
             grad = self.optimizer.gradient(weight)
             full = gather_full(grad, split, self.groups.tp, self.layout.tp_root)
             if full is None:
-                full = torch.empty(logical_shape(weight.shape, split), device=weight.device)
+                full = torch.empty(
+                    logical_shape(weight.shape, split), dtype=grad.dtype, device=weight.device
+                )
             else:
                 dist.all_reduce(full, group=self.groups.ties[name])
             if self.groups.tp.size > 1:

@@ -11,9 +11,17 @@ Two implementations behind one interface (`StageOptimizer`):
 
 The interface is the engine's step (`after_backward` per micro-batch, `gradient` /
 `set_gradient` for the tied-embedding sum, `step`) and the plan-independent checkpoint's
-view of the state per logical parameter (`moments`, `set_moments`, `restored`): whatever
-the sharding, a checkpoint holds each parameter's full moments, so a run under another plan
-or another ZeRO stage resumes from it. `make_optimizer` picks the implementation.
+view of the state per logical parameter (`master`, `set_master`, `moments`, `set_moments`,
+`restored`): whatever the sharding, a checkpoint holds each parameter's fp32 master value
+and full moments, so a run under another plan, another ZeRO stage or other parameter
+dtype resumes from it. `make_optimizer` picks the implementation.
+
+16-bit parameters (Plan.half_parameters): the optimizer updates fp32 master weights and
+writes them back rounded. The replicated optimizer keeps an fp32 copy of each parameter
+and its Adam state on the copy; at the step it converts one gradient at a time to fp32,
+frees the 16-bit one and updates that tensor, so no second full set of gradients exists
+(simulator/memory.py's ZeRO-0 terms: 2P weights, 4P master, 8P Adam, 2P gradients).
+DeepSpeed's ZeRO optimizer does the same on its own with its fp32 partition.
 Called by the engine, the checkpoint code and the checkpoint benchmark.
 """
 
@@ -56,8 +64,10 @@ class StageOptimizer(ABC):
         """Replace it (the tied-embedding sum); the same transformation on every replica."""
 
     @abstractmethod
-    def step(self) -> None:
-        """Average the gradients over the DP group and update the parameters."""
+    def step(self, grad_scale: float = 1.0) -> None:
+        """Average the gradients over the DP group and update the parameters; the
+        gradients are still multiplied by `grad_scale` (fp16's loss scale over 16-bit
+        parameters), which the update divides out in fp32."""
 
     @abstractmethod
     def skip(self) -> None:
@@ -77,6 +87,16 @@ class StageOptimizer(ABC):
         """Restore the parameter's full moments (this rank keeps its share)."""
 
     @abstractmethod
+    def master(self, param: torch.nn.Parameter) -> torch.Tensor:
+        """The parameter's fp32 master value (the parameter itself when it is fp32).
+
+        Collective over the DP group under ZeRO with 16-bit parameters, like `moments`."""
+
+    @abstractmethod
+    def set_master(self, param: torch.nn.Parameter, value: torch.Tensor) -> None:
+        """Restore the parameter's fp32 master value (the parameter holds it rounded)."""
+
+    @abstractmethod
     def restored(self) -> None:
         """Called after a checkpoint was copied into the parameters and moments."""
 
@@ -93,7 +113,12 @@ class ReplicatedOptimizer(StageOptimizer):
     ) -> None:
         self.params = params
         self.dp_group, self.dp_size = dp_group, dp_size
-        self.inner = torch_optimizer(kind, params, lr)
+        # 16-bit parameters: the optimizer's own fp32 copies are what it updates
+        self.half = any(p.dtype != torch.float32 for p in params)
+        self.masters: dict[torch.nn.Parameter, torch.nn.Parameter] = {
+            p: torch.nn.Parameter(p.detach().float()) if self.half else p for p in params
+        }
+        self.inner = torch_optimizer(kind, list(self.masters.values()), lr)
 
     def after_backward(self, micro_batch: int) -> None:
         pass  # gradients accumulate in .grad until the step's all-reduce
@@ -102,27 +127,53 @@ class ReplicatedOptimizer(StageOptimizer):
         return param.grad if param.grad is not None else torch.zeros_like(param)
 
     def set_gradient(self, param: torch.nn.Parameter, grad: torch.Tensor) -> None:
-        param.grad = grad
+        param.grad = grad.to(param.dtype)
 
-    def step(self) -> None:
+    def step(self, grad_scale: float = 1.0) -> None:
         all_reduce_gradients(self.params, self.dp_group, self.dp_size)
-        self.inner.step()
-        self.inner.zero_grad(set_to_none=True)
+        if not self.half:
+            if grad_scale != 1.0:
+                for param in self.params:
+                    if param.grad is not None:
+                        param.grad.mul_(1.0 / grad_scale)
+            self.inner.step()
+            self.inner.zero_grad(set_to_none=True)
+            return
+        # one tensor at a time: its fp32 gradient, its update, the rounded write-back
+        with torch.no_grad():
+            for param, master in self.masters.items():
+                if param.grad is None:
+                    continue
+                master.grad = param.grad.float().mul_(1.0 / grad_scale)
+                param.grad = None
+                self.inner.step()
+                master.grad = None
+                param.copy_(master)
 
     def skip(self) -> None:
+        for param in self.params:
+            param.grad = None
         self.inner.zero_grad(set_to_none=True)
 
+    def master(self, param: torch.nn.Parameter) -> torch.Tensor:
+        return self.masters[param].detach()
+
+    def set_master(self, param: torch.nn.Parameter, value: torch.Tensor) -> None:
+        with torch.no_grad():
+            self.masters[param].copy_(value)
+            param.copy_(value)
+
     def moments(self, param: torch.nn.Parameter) -> dict[str, torch.Tensor]:
-        state = self.inner.state.get(param, {})
+        state = self.inner.state.get(self.masters[param], {})
         return {k: v for k, v in state.items() if k in MOMENT_KEYS}
 
     def set_moments(
         self, param: torch.nn.Parameter, step: int, moments: dict[str, torch.Tensor]
     ) -> None:
-        self.inner.state[param] = {"step": torch.tensor(float(step)), **moments}
+        self.inner.state[self.masters[param]] = {"step": torch.tensor(float(step)), **moments}
 
     def restored(self) -> None:
-        pass  # the parameters and the state were restored in place
+        pass  # the parameters, masters and the state were restored in place
 
     def state_bytes(self) -> int:
         return sum(

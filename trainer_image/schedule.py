@@ -60,8 +60,12 @@ class PipelineComm:
         if self.layout.tp_rank == 0:
             ops: list[dist.P2POp] = []
             if send_to is not None and tensors is not None:
+                # in the dtype the peer receives (the parameters'): a stage whose last op
+                # autocast keeps in fp32 still sends 16-bit hidden states under 16-bit
+                # parameters (a no-op where the dtypes agree)
                 ops.extend(
-                    dist.P2POp(dist.isend, t.detach().contiguous(), send_to) for t in tensors
+                    dist.P2POp(dist.isend, t.detach().to(self.dtype).contiguous(), send_to)
+                    for t in tensors
                 )
             if recv_from is not None and received is not None:
                 ops.extend(dist.P2POp(dist.irecv, t, recv_from) for t in received)

@@ -20,7 +20,13 @@ pipeline, while a heterogeneous plan has a DP group per stage and per TP rank. S
   fp32 partition, so both give the same weights up to summation order;
 - the moments go to and come from the plan-independent checkpoint per logical parameter
   through DeepSpeed's full-state accessors (`safe_get_full_optimizer_state`, which gathers
-  over the DP group, and `safe_set_full_optimizer_state`, which keeps this rank's share).
+  over the DP group, and `safe_set_full_optimizer_state`, which keeps this rank's share),
+  and so does the fp32 master value of 16-bit parameters (`safe_get_full_fp32_param`,
+  `safe_set_full_fp32_param`);
+- 16-bit parameters (Plan.half_parameters) are DeepSpeed's bf16/fp16 mode: its flat
+  16-bit buffer, 16-bit gradients and communication, the fp32 partition as master; under
+  fp16 the gradients arrive still multiplied by the loss scale, which DeepSpeed divides out
+  of its fp32 partition at the step (`override_loss_scale`, its own unscale path).
 
 With `offload` (Stage.optimizer_offload) DeepSpeed keeps the fp32 partition, its gradient
 and the Adam moments in host memory (`offload_optimizer` with device cpu, pinned on a GPU
@@ -157,6 +163,7 @@ class ZeroOptimizer(StageOptimizer):
         self.num_micro_batches = num_micro_batches
         self.params = params
         self.offload = offload
+        self.half = params[0].dtype != torch.float32
         mpu = StageMPU(dp_group, tp_group)
         self.inner = zero_optimizer(
             _cpu_adam(params, lr) if offload else torch_optimizer(kind, params, lr),
@@ -169,13 +176,21 @@ class ZeroOptimizer(StageOptimizer):
             clip_grad=0.0,
             compute_grad_norm=offload,
             offload_optimizer_config=_offload_config(params[0].device) if offload else None,
-            check_grad_overflow=False,  # fp32: nothing overflows, no loss scale to adjust
+            # the ranks agree on overflows themselves (sailplan.trainer.precision)
+            check_grad_overflow=False,
             communication_data_type=params[0].dtype,
             reduce_bucket_size=BUCKET_ELEMENTS,
             allgather_bucket_size=BUCKET_ELEMENTS,
             overlap_comm=False,
             contiguous_gradients=True,
             gradient_accumulation_steps=num_micro_batches,
+            # ZeRO-1 accumulates in .grad, in the parameters' dtype (DeepSpeed's
+            # data_types.grad_accum_dtype equal to the model's): an fp32 accumulation dtype
+            # under 16-bit parameters switches DeepSpeed to per-parameter hooks that move
+            # each micro-batch's gradient into an fp32 `grad_accum` and run its epilogue,
+            # which this driver's once-per-step reduction would count twice or drop.
+            # ZeRO-2 keeps DeepSpeed's fp32 default (its partition path).
+            gradient_accumulation_dtype=params[0].dtype if stage == 1 else torch.float32,
             verbose=False,
         )
 
@@ -200,10 +215,14 @@ class ZeroOptimizer(StageOptimizer):
         else:
             param.grad = grad
 
-    def step(self) -> None:
+    def step(self, grad_scale: float = 1.0) -> None:
         if self.stage == 1:
             self.inner.set_gradient_accumulation_boundary(True)
             self.inner.reduce_gradients(pipeline_parallel=True)
+        if grad_scale != self.inner.loss_scale:
+            # DeepSpeed divides its fp32 gradient partition by this before the update
+            self.inner.custom_loss_scaler = True
+            self.inner.external_loss_scale = grad_scale
         self.inner.step()
         self.inner.zero_grad(set_to_none=True)
 
@@ -256,9 +275,27 @@ class ZeroOptimizer(StageOptimizer):
         for key in MOMENT_KEYS:
             safe_set_full_optimizer_state(param, moments[key], key)
 
+    def master(self, param: torch.nn.Parameter) -> torch.Tensor:
+        if not self.half:
+            return param.detach()
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        value: torch.Tensor = safe_get_full_fp32_param(param)
+        return value
+
+    def set_master(self, param: torch.nn.Parameter, value: torch.Tensor) -> None:
+        with torch.no_grad():
+            param.copy_(value)
+        if self.half:
+            from deepspeed.utils import safe_set_full_fp32_param
+
+            safe_set_full_fp32_param(param, value)
+
     def restored(self) -> None:
-        # the fp32 master partition was copied from the parameters at construction
-        self.inner.refresh_fp32_params()
+        # fp32 parameters: the master partition, copied from them at construction, takes
+        # the restored values; 16-bit ones: set_master wrote the fp32 values themselves
+        if not self.half:
+            self.inner.refresh_fp32_params()
 
     def state_bytes(self) -> int:
         return sum(

@@ -7,12 +7,14 @@ This module prices the model states for the way the weights are trained
 parameters. Two setups matter:
 
 - the Sailplan trainer (`TrainingSetup.trainer`): fp32 parameters, so fp32 gradients and
-  fp32 all-reduces; bf16/fp16 only inside torch.autocast (activations); under ZeRO-1/2 the
+  fp32 all-reduces, bf16/fp16 only inside torch.autocast (activations); or, with
+  `half_parameters` (Plan.half_parameters), 16-bit parameters, gradients, all-reduces and
+  stage boundaries with an fp32 master copy in the optimizer; under ZeRO-1/2 the
   optimizer is DeepSpeed's `DeepSpeedZeroOptimizer` with the bucket sizes
   sailplan.trainer.zero passes (TrainerConfig.zero_bucket_elements);
 - half-precision parameters with an fp32 master copy in the optimizer (DeepSpeed's and
-  Megatron's bf16/fp16 mode; `TrainingSetup()`, the default, with no ZeRO: 2 + 2 + 12 = 16
-  bytes per parameter). The Sailor artifact's Megatron-DeepSpeed runs, on which the
+  Megatron's bf16/fp16 mode; `TrainingSetup()`, the default, with no ZeRO and no buckets:
+  2 + 2 + 12 = 16 bytes per parameter). The Sailor artifact's Megatron-DeepSpeed runs, on which the
   simulator's memory constants were fitted, trained in fp32 instead (4 + 4 + 8 = the same
   16 bytes; fp32 gradients in the all-reduce: benchmarks/simulator_accuracy.py
   SAILOR_TRAINING gives the sources).
@@ -26,7 +28,7 @@ variance; torch SGD without momentum 0) and B the reduce bucket in elements:
 | weights | wP | wP | wP |
 | master weights (fp32) | 4P if w = 2, else 0 (the parameters are fp32) | 4P/D | 4P/D |
 | optimizer states | kP | kP/D | kP/D |
-| gradients | wP | wP + wP/D | (w + 4)P/D + max(4P/D, w max(B, largest tensor)) |
+| gradients | wP | wP + wP/D | wP/D + a + max(4P/D, w max(B, largest tensor)) |
 | buckets | w min(25 MiB, wP) if D > 1 | 2 wB | wB |
 
 Sources (DeepSpeed 0.19, deepspeed/runtime/zero/stage_1_and_2.py, as the trainer drives it):
@@ -41,7 +43,9 @@ dominates. The two reduce buckets (`reduce_bucket_size` elements, DeepSpeed conf
 `zero_optimization.reduce_bucket_size`, default 5e8; the trainer passes 2**24): one the
 gradient hooks set up, one `reduce_gradients(pipeline_parallel=True)` appends. ZeRO-2
 gradients: `grads_in_partition` (this rank's share, wP/D), its fp32 accumulation across
-micro-batches (`all_grad_tensors`, 4P/D; measured with fp32 parameters only), and then the
+micro-batches (`all_grad_tensors`, a = 4P/D with fp32 parameters; with 16-bit ones the
+accumulation stays in `grads_in_partition` and a = 0, both measured by the trainer test
+below), and then the
 larger of two phases: during a backward, the gradients that wait for the bucket to fill
 (at most a bucket, or one tensor larger than it, which DeepSpeed reduces on its own); at
 the accumulation boundary, the flat fp32 copy of the share the step will use
@@ -121,17 +125,23 @@ class TrainingSetup:
         zero_stage: ZeroStage = 1,
         precision: Precision = "fp32",
         bucket_elements: int = TRAINER_BUCKET_ELEMENTS,
+        *,
+        half_parameters: bool = False,
     ) -> TrainingSetup:
-        """The Sailplan trainer: fp32 parameters (autocast computes in `precision`)."""
+        """The Sailplan trainer: autocast computes in `precision`; the parameters are fp32,
+        or with `half_parameters` (Plan.half_parameters) in `precision`'s 16 bits with an
+        fp32 master copy in the optimizer."""
+        # the trainer's pipeline exchange (schedule.PipelineComm) sends hidden states in
+        # the parameters' dtype: under autocast over fp32 parameters the residual stream
+        # stays fp32, over 16-bit parameters it is 16-bit
+        element = HALF_BYTES if half_parameters and precision != "fp32" else FP32_BYTES
         return cls(
             zero_stage=zero_stage,
             precision=precision,
-            parameter_bytes=FP32_BYTES,
+            parameter_bytes=element,
             bucket_elements=bucket_elements,
             replicated_bucket_bytes=REPLICATED_BUCKET_BYTES,
-            # the trainer's pipeline exchange (schedule.PipelineComm) sends fp32 hidden
-            # states: under autocast the residual stream stays fp32
-            boundary_element_bytes=FP32_BYTES,
+            boundary_element_bytes=element,
         )
 
     @property
@@ -209,7 +219,9 @@ def model_state_bytes(
     else:
         waiting = w * max(setup.bucket_elements, largest_tensor)
         share = FP32_BYTES * p / d
-        gradients = (w + FP32_BYTES) * p / d + np.maximum(share, np.minimum(waiting, w * p))
+        # the fp32 accumulation across micro-batches exists with fp32 parameters only
+        accumulation = FP32_BYTES * p / d if w == FP32_BYTES else 0.0
+        gradients = w * p / d + accumulation + np.maximum(share, np.minimum(waiting, w * p))
         buckets = bucket_bytes
     return ModelStateBytes(
         weights=w * p,

@@ -39,8 +39,10 @@ def test_half_weights_follow_the_zero_paper(replicas: int) -> None:
     )
     assert one.gradients == pytest.approx((2 + 2 / replicas) * P)
     two = model_state_bytes(P, replicas, TrainingSetup(zero_stage=2, **HALF_NO_BUCKETS))
-    # P_os+g: 2 + 14/Nd, plus the fp32 accumulation and the step's fp32 copy (4 + 4)/Nd
-    assert two.total == pytest.approx((2 + (14 + 8) / replicas) * P)
+    # P_os+g: 2 + 14/Nd, plus the step's fp32 copy of the share 4/Nd (16-bit gradients
+    # accumulate in their partition: no separate fp32 accumulation, measured by
+    # tests/trainer/test_memory_model.py)
+    assert two.total == pytest.approx((2 + (14 + 4) / replicas) * P)
 
 
 def test_the_trainer_without_zero_keeps_fp32_weights_gradients_and_adam() -> None:
@@ -100,7 +102,51 @@ def test_plans_carry_the_resolved_precision(gpu: str, expected: str) -> None:
     result = make_plan(_request(gpu, precision="auto", zero_stage=1))
     assert isinstance(result, Planned), result
     assert result.best.precision == expected
-    assert make_plan(_request(gpu)).best.precision == "fp32"  # type: ignore[union-attr]
+    fp32 = make_plan(_request(gpu))
+    assert isinstance(fp32, Planned), fp32
+    assert fp32.best.precision == "fp32"
+    # 16-bit parameters by default under a 16-bit precision (DeepSpeed's bf16/fp16 mode),
+    # never under fp32; a request may keep fp32 parameters
+    assert result.best.half_parameters and not fp32.best.half_parameters
+    kept = make_plan(_request(gpu, precision="auto", zero_stage=1, half_parameters=False))
+    assert isinstance(kept, Planned), kept
+    assert not kept.best.half_parameters
+
+
+def test_plans_with_half_parameters_are_priced_with_them() -> None:
+    request = _request("A100-40", precision="bf16", zero_stage=1)
+    result = make_plan(request)
+    assert isinstance(result, Planned), result
+    best = result.best
+    assert best.predictions is not None and best.half_parameters
+    from sailplan.planner.profiles.estimate import complete_profiles
+
+    catalog = default_catalog()
+    profiles = complete_profiles(
+        request.model,
+        ["A100-40"],
+        sorted({s.tensor_parallel for s in best.stages}),
+        [best.micro_batch_size],
+        measured=ProfileSet(),
+        catalog=catalog,
+    )
+
+    def context(half: bool) -> PlanningContext:
+        training = TrainingSetup.trainer(zero_stage=1, precision="bf16", half_parameters=half)
+        return PlanningContext(
+            model=request.model,
+            cluster=request.cluster,
+            profiles=profiles,
+            catalog=catalog,
+            training=training,
+        )
+
+    bare = best.model_copy(update={"predictions": None})
+    assert simulate(bare, context(True)).stages == best.predictions.stages
+    # fp32 parameters would hold more on every stage
+    fp32_states = simulate(bare, context(False)).stages
+    for half, full in zip(best.predictions.stages, fp32_states, strict=True):
+        assert half.peak_memory_bytes < full.peak_memory_bytes
 
 
 def test_the_search_prices_memory_with_the_trainer_setup_it_was_asked_for() -> None:
@@ -136,3 +182,20 @@ def test_the_search_prices_memory_with_the_trainer_setup_it_was_asked_for() -> N
     # fp32 gradients: the trainer's all-reduce moves twice the fitted layout's fp16 bytes
     if best.data_parallel > 1:
         assert simulate(bare, trainer).allreduce_seconds > simulate(bare, fitted).allreduce_seconds
+
+
+def test_half_parameters_are_16_bit_weights_gradients_and_boundaries_over_fp32_masters() -> None:
+    half = TrainingSetup.trainer(zero_stage=1, precision="bf16", half_parameters=True)
+    assert (half.parameter_bytes, half.gradient_bytes, half.boundary_element_bytes) == (2, 2, 2)
+    states = model_state_bytes(P, 4, half)
+    fp32 = model_state_bytes(P, 4, TrainingSetup.trainer(zero_stage=1, precision="bf16"))
+    # the weights and gradients halve; the fp32 master partition and Adam do not
+    assert states.weights == fp32.weights / 2
+    assert states.gradients == fp32.gradients / 2
+    assert states.master_weights + states.optimizer_states == 12 * P / 4
+    # ZeRO-0: the replicated optimizer's own fp32 copy, 2 + 2 + 12 bytes per parameter
+    zero0 = TrainingSetup.trainer(zero_stage=0, precision="bf16", half_parameters=True)
+    assert model_state_bytes(P, 1, zero0).total == 16 * P
+    # fp32 compute has no 16-bit type to keep the parameters in
+    fp32_compute = TrainingSetup.trainer(precision="fp32", half_parameters=True)
+    assert fp32_compute.parameter_bytes == fp32_compute.boundary_element_bytes == 4

@@ -24,44 +24,38 @@ model states (one replica, torch Adam) must equal the simulator's terms exactly.
 from __future__ import annotations
 
 import gc
-import json
-import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from rank_memory import (
+    BUCKET_ELEMENTS,
+    MICRO_BATCH_SIZE,
+    PADDING_ELEMENTS,
+    REPLICAS,
+    SPEC,
+    join,
+    spawn,
+    stage,
+    tensor_bytes,
+    train,
+    write_report,
+)
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from sailplan.planner.catalog import default_catalog
 from sailplan.planner.cluster import ClusterSnapshot, Pool
-from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.profiles.types import ComputeProfile, ProfileSet, Provenance
 from sailplan.planner.simulator import PlanningContext, SimulatorConstants
 from sailplan.planner.simulator.memory import TrainingSetup, model_state_bytes
 
 pytestmark = pytest.mark.trainer
 
-SPEC = ModelSpec(
-    name="memory-probe",
-    family="opt",
-    hidden_size=128,
-    num_blocks=2,
-    num_heads=4,
-    vocab_size=1024,
-    sequence_length=16,
-)
-REPLICAS = 2
-MICRO_BATCHES = 2
-MICRO_BATCH_SIZE = 2
-BUCKET_ELEMENTS = 2**16
 FP32 = 4
-# DeepSpeed pads each flat buffer to a multiple of nccl_start_alignment_factor (2) x DP
-PADDING = FP32 * 2 * REPLICAS
+PADDING = FP32 * PADDING_ELEMENTS
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -71,91 +65,47 @@ def _cpu_adam_built() -> None:
     DeepSpeedCPUAdam([torch.nn.Parameter(torch.zeros(4))])
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _nbytes(tensors: Any) -> int:
-    seen: dict[int, int] = {}
-    for t in tree_flatten(tensors)[0]:
-        if isinstance(t, torch.Tensor):
-            storage = t.untyped_storage()
-            seen[storage.data_ptr()] = storage.nbytes()
-    return sum(seen.values())
-
-
 def _offload_replica(rank: int, port: int, zero_stage: int, out: Path) -> None:
-    from sailplan.trainer import zero
-    from sailplan.trainer.model import StageModel
-    from sailplan.trainer.optimizer import make_optimizer
-    from sailplan.trainer.tp import TPGroup
+    import torch.distributed as dist
 
-    zero.BUCKET_ELEMENTS = BUCKET_ELEMENTS
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=REPLICAS
-    )
+    join(rank, port)
     try:
-        model = StageModel(SPEC, 0, SPEC.num_layers, TPGroup(rank=0, size=1, group=None))
-        model.initialise(seed=1)
-        params = list(model.parameters())
-        optimizer = make_optimizer(
-            params,
-            kind="adam",
-            lr=1e-3,
-            zero_stage=zero_stage,
-            dp_group=dist.new_group(list(range(REPLICAS))),
-            dp_size=REPLICAS,
-            tp_group=None,
-            num_micro_batches=MICRO_BATCHES,
-            offload=True,
+        model, params, optimizer = stage(
+            SPEC, (0, SPEC.num_layers), zero_stage=zero_stage, offload=True
         )
         inner = getattr(optimizer, "inner")  # noqa: B009 (DeepSpeedZeroOptimizer)
-        grads_before_step = 0
-        for step in range(2):
-            for micro in range(MICRO_BATCHES):
-                generator = torch.Generator().manual_seed(100 * step + 10 * micro + rank)
-                tokens = torch.randint(
-                    0,
-                    SPEC.vocab_size,
-                    (MICRO_BATCH_SIZE, SPEC.sequence_length),
-                    generator=generator,
-                )
-                model(None, {"inputs": tokens, "targets": tokens}).backward()  # type: ignore[union-attr]
-                optimizer.after_backward(micro)
-            grads_before_step = _nbytes([p.grad for p in params if p.grad is not None])
-            optimizer.step()
+        grads_before_step = [0]
+
+        def before_step() -> None:
+            grads_before_step[0] = tensor_bytes([p.grad for p in params if p.grad is not None])
+
+        train(model, optimizer, rank, before_step=before_step)
         fp32 = inner.single_partition_of_fp32_groups
-        report = {
-            "optimizer_on": str(inner.device),
-            "cpu_adam": type(inner.optimizer).__name__,
-            "parameters": sum(p.numel() for p in params),
-            "largest_tensor": max(p.numel() for p in params),
-            "weights": _nbytes(inner.bit16_groups_flat),
-            "master_weights": _nbytes([t.detach() for t in fp32]),
-            "master_gradient": _nbytes([t.grad for t in fp32]),
-            "optimizer_states": _nbytes(list(inner.optimizer.state.values())),
-            "copy_back": _nbytes(inner.param_buffer_of_bit16_for_cpu_offload_groups),
-            "host_staging": _nbytes(inner.temp_grad_buffer_for_cpu_offload),
-            "device_staging": _nbytes(inner.temp_grad_buffer_for_gpu_offload),
-            "grads_before_step": grads_before_step,
-        }
-        (out / f"rank-{rank}.json").write_text(json.dumps(report))
+        write_report(
+            out,
+            rank,
+            {
+                "optimizer_on": str(inner.device),
+                "cpu_adam": type(inner.optimizer).__name__,
+                "parameters": sum(p.numel() for p in params),
+                "largest_tensor": max(p.numel() for p in params),
+                "weights": tensor_bytes(inner.bit16_groups_flat),
+                "master_weights": tensor_bytes([t.detach() for t in fp32]),
+                "master_gradient": tensor_bytes([t.grad for t in fp32]),
+                "optimizer_states": tensor_bytes(list(inner.optimizer.state.values())),
+                "copy_back": tensor_bytes(inner.param_buffer_of_bit16_for_cpu_offload_groups),
+                "host_staging": tensor_bytes(inner.temp_grad_buffer_for_cpu_offload),
+                "device_staging": tensor_bytes(inner.temp_grad_buffer_for_gpu_offload),
+                "grads_before_step": grads_before_step[0],
+            },
+        )
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("zero_stage", [1, 2])
 def test_offloaded_stage_terms_match_what_deepspeed_holds(zero_stage: int, tmp_path: Path) -> None:
-    mp.start_processes(
-        _offload_replica,
-        args=(_free_port(), zero_stage, tmp_path),
-        nprocs=REPLICAS,
-        start_method="spawn",
-    )
-    reports = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(REPLICAS)]
+    reports = spawn(_offload_replica, tmp_path, zero_stage)
     first = reports[0]
     setup = TrainingSetup.trainer(
         zero_stage=1 if zero_stage == 1 else 2, bucket_elements=BUCKET_ELEMENTS
@@ -250,8 +200,8 @@ def _kept_bytes(recompute: bool) -> tuple[int, dict[str, int]]:
     assert isinstance(loss, torch.Tensor)
     loss.backward()  # type: ignore[no-untyped-call]
     states = {
-        "weights": _nbytes(params),
-        "gradients": _nbytes([p.grad for p in params]),
+        "weights": tensor_bytes(params),
+        "gradients": tensor_bytes([p.grad for p in params]),
     }
     optimizer.step()
     states["optimizer_states"] = optimizer.state_bytes()

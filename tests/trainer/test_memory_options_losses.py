@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
-from trainer_harness import TINY, TINY_LLAMA, TINY_TIED, make_plan, run_plan
+from trainer_harness import TINY, TINY_LLAMA, TINY_TIED, make_plan, step_losses, trainer_config
 
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.plan import Plan
-from sailplan.planner.workerenv import TrainerConfig
 
 pytestmark = pytest.mark.trainer
 
@@ -43,16 +42,7 @@ def _cpu_adam_built() -> None:
 
 
 def _losses(plan: Plan, tmp: Path, zero_stage: Literal[0, 1, 2]) -> list[float]:
-    config = TrainerConfig(
-        steps=STEPS,
-        learning_rate=1e-3,
-        checkpoint_dir=str(tmp / "ckpt"),
-        checkpoint_interval_steps=100,
-        zero_stage=zero_stage,
-    )
-    losses = run_plan(plan, config, tmp).losses
-    assert sorted(losses) == list(range(1, STEPS + 1))
-    return [losses[s] for s in range(1, STEPS + 1)]
+    return step_losses(plan, trainer_config(tmp, STEPS, zero_stage=zero_stage), tmp)
 
 
 def _with_options(plan: Plan, options: list[tuple[bool, bool]]) -> Plan:

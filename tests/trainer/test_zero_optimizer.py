@@ -10,19 +10,14 @@ CPU, one optimizer step each.
 
 from __future__ import annotations
 
-import json
-import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from rank_memory import REPLICAS, join, spawn, stage, write_report
 
 from sailplan.planner.modelspec import ModelSpec
-from sailplan.trainer.model import StageModel
-from sailplan.trainer.optimizer import make_optimizer
-from sailplan.trainer.tp import TPGroup
 
 pytestmark = pytest.mark.trainer
 
@@ -35,35 +30,17 @@ EMBEDDING_HEAVY = ModelSpec(
     vocab_size=1024,
     sequence_length=16,
 )
-REPLICAS = 2
 ADAM_MOMENTS = 2
 FP32 = 4
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _replica(rank: int, port: int, zero_stage: int, out: Path) -> None:
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=REPLICAS
-    )
+    import torch.distributed as dist
+
+    join(rank, port)
     try:
-        model = StageModel(EMBEDDING_HEAVY, 0, 2, TPGroup(rank=0, size=1, group=None))
-        model.initialise(seed=1)
-        params = list(model.parameters())
-        optimizer = make_optimizer(
-            params,
-            kind="adam",
-            lr=1e-3,
-            zero_stage=zero_stage,
-            dp_group=dist.new_group(list(range(REPLICAS))),
-            dp_size=REPLICAS,
-            tp_group=None,
-            num_micro_batches=1,
+        model, params, optimizer = stage(
+            EMBEDDING_HEAVY, (0, 2), zero_stage=zero_stage, micro_batches=1, bucket_elements=None
         )
         tokens = torch.randint(
             0, EMBEDDING_HEAVY.vocab_size, (2, 16), generator=torch.Generator().manual_seed(rank)
@@ -72,24 +49,21 @@ def _replica(rank: int, port: int, zero_stage: int, out: Path) -> None:
         hidden.square().mean().backward()
         optimizer.after_backward(0)
         optimizer.step()
-        report = {
-            "type": type(optimizer).__name__,
-            "state_bytes": optimizer.state_bytes(),
-            "param_numels": [p.numel() for p in params],
-        }
-        (out / f"rank-{rank}.json").write_text(json.dumps(report))
+        write_report(
+            out,
+            rank,
+            {
+                "type": type(optimizer).__name__,
+                "state_bytes": optimizer.state_bytes(),
+                "param_numels": [p.numel() for p in params],
+            },
+        )
     finally:
         dist.destroy_process_group()
 
 
-def _run(zero_stage: int, tmp_path: Path) -> list[dict[str, object]]:
-    mp.start_processes(
-        _replica,
-        args=(_free_port(), zero_stage, tmp_path),
-        nprocs=REPLICAS,
-        start_method="spawn",
-    )
-    return [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(REPLICAS)]
+def _run(zero_stage: int, tmp_path: Path) -> list[dict[str, Any]]:
+    return spawn(_replica, tmp_path, zero_stage)
 
 
 @pytest.mark.parametrize("zero_stage", [1, 2])

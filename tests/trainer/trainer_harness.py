@@ -177,6 +177,31 @@ def run_plan(
     return run
 
 
+def trainer_config(
+    tmp: Path,
+    steps: int,
+    *,
+    zero_stage: Literal[0, 1, 2] = 1,
+    learning_rate: float = 1e-3,
+) -> TrainerConfig:
+    """The loss-equivalence tests' config: `steps` steps, checkpoints under `tmp` only at
+    the end (interval 100)."""
+    return TrainerConfig(
+        steps=steps,
+        learning_rate=learning_rate,
+        checkpoint_dir=str(tmp / "ckpt"),
+        checkpoint_interval_steps=100,
+        zero_stage=zero_stage,
+    )
+
+
+def step_losses(plan: Plan, config: TrainerConfig, tmp: Path) -> list[float]:
+    """Rank 0's loss of every step 1..config.steps of `plan`, in order (all must be there)."""
+    losses = run_plan(plan, config, tmp).losses
+    assert sorted(losses) == list(range(1, config.steps + 1))
+    return [losses[s] for s in range(1, config.steps + 1)]
+
+
 def plan_losses(
     spec: ModelSpec,
     splits: list[tuple[int, int, int]],
@@ -190,16 +215,7 @@ def plan_losses(
     """Per-step losses of `steps` steps (global batch 8, Adam at 1e-3) under the plan of
     `splits` with `dp` replicas: what the loss-equivalence tests compare."""
     plan = make_plan(spec, splits, data_parallel=dp, micro_batch_size=mbs, global_batch_size=8)
-    config = TrainerConfig(
-        steps=steps,
-        learning_rate=1e-3,
-        checkpoint_dir=str(tmp / "ckpt"),
-        checkpoint_interval_steps=100,
-        zero_stage=zero_stage,
-    )
-    losses = run_plan(plan, config, tmp).losses
-    assert sorted(losses) == list(range(1, steps + 1))
-    return [losses[s] for s in range(1, steps + 1)]
+    return step_losses(plan, trainer_config(tmp, steps, zero_stage=zero_stage), tmp)
 
 
 def wait_for_step(process: subprocess.Popen[str], step: int, timeout_s: float = 120) -> list[str]:
