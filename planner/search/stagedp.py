@@ -15,7 +15,8 @@ all-reduce + optimizer step).
 Two max-terms and a sum do not decompose, so a plain min-DP would be wrong. Keeping, per
 (boundary layer, GPUs used per GPU type and zone, last kind), the Pareto front of (closed
 max cycle, sum, max z, open cycle of the last stage) is exact; with real models' layer
-counts (tens) the fronts stay small. A partial state whose optimistic completion (every
+counts (tens) the fronts stay small once each label's cycles are put in a canonical form
+that no completion can tell apart (_Label). A partial state whose optimistic completion (every
 bound the caller passes: remaining layers at their fastest, capacity-aware balance, layer
 granularity, the cheapest hops and tails still to come) cannot beat the caller's threshold
 (the current k-th best) is dropped: branch and bound, exact for the best plan.
@@ -89,10 +90,24 @@ class Weighting:
 
 @dataclass(slots=True)
 class _Label:
-    closed: float  # largest cycle of the stages whose both neighbours are known
+    """A partial pipeline: what its completions' iteration time depends on, and its path.
+
+    (closed, open_cycle) are kept canonical, which is exact: the finished plan's slowest
+    cycle is max(closed, open_cycle + x, the later stages' cycles), x being the hop out of
+    the last stage (between the cheapest and the dearest hop from its kind at its end
+    layer), and the later stages' cycles are at least the spread bound of the layers
+    left. So closed is raised to max(closed, open_cycle + cheapest hop, spread), and
+    open_cycle to closed - dearest hop where it is below: no completion scores the raised
+    label differently, and labels that differed only there (many, when a model's blocks
+    all take the same time and the splits trade one stage's slack for another's) become
+    comparable, so dominance keeps one of them. A final label's closed is the plan's
+    slowest cycle. tests/planner/test_stagedp_fronts.py checks the DP against a brute
+    force."""
+
+    closed: float  # largest cycle of the stages whose both neighbours are known (canonical)
     total: float  # sum of stage times and twice the boundary times so far
     max_tail: float
-    open_cycle: float  # the last stage's cycle without its outgoing boundary
+    open_cycle: float  # the last stage's cycle without its outgoing boundary (canonical)
     # the plan so far as a chain to the previous stage's label: copying whole tuples per
     # label cost more than the DP's arithmetic on deep pipelines
     parent: _Label | None
@@ -329,6 +344,9 @@ def solve(
     min_hop = min(min(row) for matrix in boundary[1:] for row in matrix) if num_layers > 1 else 0.0
     tail_by_length = tail_lower.tolist()
     no_spread = [0.0] * (num_layers + 1)
+    # per cut layer and kind: the dearest hop out of a stage of that kind ending there
+    # (the canonical open cycle below needs an upper bound on the outgoing hop)
+    hop_max = [[max(row) for row in matrix] if b else [] for b, matrix in enumerate(boundary)]
     zero: Usage = (0,) * num_slots
     # state: (first free layer, usage, last kind or -1) -> Pareto front
     fronts: dict[tuple[int, Usage, int], list[_Label]] = {
@@ -447,8 +465,21 @@ def solve(
                             optimistic += m1 * (spread - steady)
                         if optimistic > bound:
                             continue
+                        # the label's canonical (closed, open) (see _Label): labels that
+                        # differ only where no completion can tell them apart become
+                        # equal, so one dominates the other and the fronts stay small
+                        if last_stage:
+                            if open_cycle > steady:  # noqa: PLR1730
+                                steady = open_cycle
+                            kept_open = steady
+                        else:
+                            if spread > steady:  # noqa: PLR1730
+                                steady = spread
+                            kept_open = steady - hop_max[end][k]
+                            if open_cycle > kept_open:  # noqa: PLR1730
+                                kept_open = open_cycle
                         grown_label = _Label(
-                            closed, label_total + t + two_x, max_tail, open_cycle, label, end, k
+                            steady, label_total + t + two_x, max_tail, kept_open, label, end, k
                         )
                         if joules_row is not None:
                             grown_label.joules = label.joules + joules_row[end]
