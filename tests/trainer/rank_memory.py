@@ -77,6 +77,8 @@ def stage(
     offload: bool = False,
     micro_batches: int = MICRO_BATCHES,
     bucket_elements: int | None = BUCKET_ELEMENTS,
+    seed: int = 1,
+    lr: float = 1e-3,
 ) -> tuple[Any, list[torch.nn.Parameter], Any]:
     """The trainer's stage of `layers` on this rank (parameters in `dtype`) and its optimizer
     over a DP group of every rank; the process group must be joined."""
@@ -88,13 +90,13 @@ def stage(
     if bucket_elements is not None:
         zero.BUCKET_ELEMENTS = bucket_elements
     model = StageModel(spec, layers[0], layers[1], TPGroup(rank=0, size=1, group=None))
-    model.initialise(seed=1)
+    model.initialise(seed=seed)
     model.to(dtype=dtype)
     params = list(model.parameters())
     optimizer = make_optimizer(
         params,
         kind="adam",
-        lr=1e-3,
+        lr=lr,
         zero_stage=zero_stage,
         dp_group=dist.new_group(list(range(REPLICAS))),
         dp_size=REPLICAS,

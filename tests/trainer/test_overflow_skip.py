@@ -10,15 +10,12 @@ inf gradient makes `step_ok` say no and halves the scale.
 
 from __future__ import annotations
 
-import json
-import socket
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from rank_memory import free_port, join, spawn, stage, write_report
 
 from sailplan.planner.modelspec import ModelSpec
 
@@ -36,40 +33,15 @@ SPEC = ModelSpec(
 REPLICAS = 2
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _loss(model: Any, tokens: torch.Tensor) -> torch.Tensor:
-    import inspect
-
-    if "batch" in inspect.signature(model.forward).parameters:
-        loss: torch.Tensor = model(None, {"inputs": tokens, "targets": tokens})
-    else:
-        loss = model(tokens, tokens)
-    return loss
-
-
 def _train(rank: int, zero_stage: int, skip_first: bool) -> list[float]:
-    from sailplan.trainer.model import StageModel
-    from sailplan.trainer.optimizer import make_optimizer
-    from sailplan.trainer.tp import TPGroup
-
-    model = StageModel(SPEC, 0, SPEC.num_layers, TPGroup(rank=0, size=1, group=None))
-    model.initialise(seed=3)
-    params = list(model.parameters())
-    optimizer = make_optimizer(
-        params,
-        kind="adam",
-        lr=1e-2,
+    model, params, optimizer = stage(
+        SPEC,
+        (0, SPEC.num_layers),
         zero_stage=zero_stage,
-        dp_group=dist.new_group(list(range(REPLICAS))),
-        dp_size=REPLICAS,
-        tp_group=None,
-        num_micro_batches=2,
+        micro_batches=2,
+        bucket_elements=None,
+        seed=3,
+        lr=1e-2,
     )
     before = torch.cat([p.detach().reshape(-1).clone() for p in params])
 
@@ -79,7 +51,7 @@ def _train(rank: int, zero_stage: int, skip_first: bool) -> list[float]:
             tokens = torch.randint(
                 0, SPEC.vocab_size, (2, SPEC.sequence_length), generator=generator
             )
-            _loss(model, tokens).backward()
+            model(None, {"inputs": tokens, "targets": tokens}).backward()
             optimizer.after_backward(micro)
 
     if skip_first:
@@ -93,24 +65,18 @@ def _train(rank: int, zero_stage: int, skip_first: bool) -> list[float]:
 
 
 def _replica(rank: int, port: int, zero_stage: int, out: Path) -> None:
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=REPLICAS
-    )
+    join(rank, port)
     try:
         plain = _train(rank, zero_stage, skip_first=False)
         skipped = _train(rank, zero_stage, skip_first=True)
-        (out / f"rank-{rank}.json").write_text(json.dumps({"plain": plain, "skipped": skipped}))
+        write_report(out, rank, {"plain": plain, "skipped": skipped})
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("zero_stage", [0, 1, 2])
 def test_a_skipped_step_leaves_no_trace(zero_stage: int, tmp_path: Path) -> None:
-    mp.start_processes(
-        _replica, args=(_free_port(), zero_stage, tmp_path), nprocs=REPLICAS, start_method="spawn"
-    )
-    for rank in range(REPLICAS):
-        report = json.loads((tmp_path / f"rank-{rank}.json").read_text())
+    for report in spawn(_replica, tmp_path, zero_stage):
         assert report["skipped"] == report["plain"]
 
 
@@ -122,14 +88,15 @@ class _Scalar(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.ones(4))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (self.weight * x).sum()
+        # an fp32 loss, as autocast computes the trainer's (and its 2**16 scale fits)
+        return (self.weight.float() * x).sum()
 
 
 def test_fp16_hooks_unscale_gradients_and_flag_overflow() -> None:
     from sailplan.trainer.precision import INITIAL_SCALE, MixedPrecision
 
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
     )
     try:
         model = _Scalar()
@@ -145,5 +112,30 @@ def test_fp16_hooks_unscale_gradients_and_flag_overflow() -> None:
         model(torch.tensor([1.0, float("inf"), 0.0, 0.0])).backward()
         assert not precision.step_ok(None)
         assert precision.loss_scale == INITIAL_SCALE / 2
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fp16_hooks_leave_16_bit_gradients_scaled_for_the_optimizer() -> None:
+    """With fp16 parameters the hooks only check: dividing an fp16 gradient by 2**16 would
+    flush small values, so the optimizer divides by `grad_scale` in fp32."""
+    from sailplan.trainer.precision import INITIAL_SCALE, MixedPrecision
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+    )
+    try:
+        model = _Scalar().to(torch.float16)
+        precision = MixedPrecision(
+            "fp16", torch.device("cpu"), list(model.parameters()), model, unscale_in_hooks=False
+        )
+        # gradients below fp16's smallest normal (2**-14): the scale keeps them exact
+        x = torch.tensor([1.0, 2.0, 3.0, 4.0]) * 2**-16
+        model(x).backward()
+        assert model.weight.grad is not None
+        expected = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float16)
+        assert torch.equal(model.weight.grad, expected)  # still x times the scale 2**16
+        assert precision.grad_scale == INITIAL_SCALE
+        assert precision.step_ok(None)
     finally:
         dist.destroy_process_group()
