@@ -6,7 +6,11 @@ same model for every row, so the rows compare), and the search's CPU seconds (ma
 profile completion included). The energy objective needs the floor; the throughput and
 cost objectives get the same floor as a constraint.
 
-    python benchmarks/energy_objective.py
+    python benchmarks/energy_objective.py            # the three small clusters
+    python benchmarks/energy_objective.py --large    # the 64-GPU cluster, energy only
+
+"bound kJ" is the energy objective's Planned.energy_lower_bound: no plan meeting the floor
+uses less (planner/search/energy.py).
 
 Roofline-estimated profiles and datasheet power, so the figures are the model's, not
 measurements. CPU seconds of one process; other load on the machine shows in wall time only.
@@ -14,6 +18,7 @@ measurements. CPU seconds of one process; other load on the machine shows in wal
 
 from __future__ import annotations
 
+import argparse
 import time
 
 from rich.console import Console
@@ -46,12 +51,30 @@ CASES: list[tuple[str, str, int, list[tuple[str, int, int]], list[float]]] = [
 ]
 
 
+# 64 GPUs: 32 A100-40 and 32 V100-16 on 8-GPU nodes; floors 30% and 60% of the fastest
+# plan's 406 samples/s.
+LARGE: list[tuple[str, str, int, list[tuple[str, int, int]], list[float]]] = [
+    (
+        "GPT3-Small, 32 A100-40 + 32 V100-16",
+        "GPT3-Small",
+        128,
+        [("A100-40", 8, 4), ("V100-16", 8, 4)],
+        [122.0, 244.0],
+    ),
+]
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--large", action="store_true", help="the 64-GPU cluster, energy only")
+    args = parser.parse_args()
     catalog = default_catalog()
     table = Table(title="energy objective against throughput and cost (no-slowdown energy)")
-    for column in ("cluster", "floor/s", "objective", "plan", "samples/s", "kJ/iter", "CPU s"):
+    columns = ("cluster", "floor/s", "objective", "plan", "samples/s", "kJ/iter", "bound kJ")
+    for column in (*columns, "CPU s"):
         table.add_column(column)
-    for label, model_name, batch, shapes, floors in CASES:
+    kinds = ("energy",) if args.large else ("throughput", "cost", "energy")
+    for label, model_name, batch, shapes, floors in LARGE if args.large else CASES:
         pools = tuple(
             Pool(name=gpu.lower(), gpu_type=gpu, zone=ZONE, gpus_per_node=per_node, nodes=nodes)
             for gpu, per_node, nodes in shapes
@@ -59,7 +82,7 @@ def main() -> None:
         cluster = ClusterSnapshot(pools=pools)
         model = catalog.model(model_name)
         for floor in floors:
-            for kind in ("throughput", "cost", "energy"):
+            for kind in kinds:
                 request = PlanRequest(
                     model=model,
                     global_batch_size=batch,
@@ -70,7 +93,9 @@ def main() -> None:
                 result = make_plan(request, catalog=catalog)
                 seconds = time.process_time() - started
                 if not isinstance(result, Planned):
-                    table.add_row(label, f"{floor:g}", kind, result.code, "", "", f"{seconds:.2f}")
+                    table.add_row(
+                        label, f"{floor:g}", kind, result.code, "", "", "", f"{seconds:.2f}"
+                    )
                     continue
                 plan = result.best
                 assert plan.predictions is not None
@@ -87,6 +112,9 @@ def main() -> None:
                     shape,
                     f"{plan.predictions.samples_per_second:.1f}",
                     f"{report.no_slowdown.joules_per_iteration / 1e3:.2f}",
+                    ""
+                    if result.energy_lower_bound is None
+                    else f"{result.energy_lower_bound / 1e3:.2f}",
                     f"{seconds:.2f}",
                 )
     Console(width=160).print(table)

@@ -906,6 +906,12 @@ class Search:
         for result in results:
             if result.time > limit(result.usage):
                 continue
+            if energy is not None:
+                # the DP's own bound of this plan (its stages' joules): most of the labels
+                # it hands over cannot enter the top k, and need no simulation
+                watts = sum(u * w for u, w in zip(result.usage, slot_watts, strict=True))
+                if result.time * watts + result.joules > self.top.kth() * (1 + 1e-9):
+                    continue
             shapes = [
                 StageShape(
                     kind=k,
