@@ -12,7 +12,9 @@ a new plan once the queue is started. A higher-priority job preempts a lower one
 that replans while it waits keeps its place in the queue, and one that replans within its
 admitted quota keeps its admission. The first test runs before Kueue is installed: a
 queued job says so and waits, one without the label runs (the module's Kueue fixture
-removes Kueue's CRDs when it stops). Builders: kueue_builders.py; waits: cluster_waits.py.
+removes Kueue's CRDs when it stops); the second installs Kueue after the operator started,
+whose Workloads it then lists and polls instead of watching. Builders: kueue_builders.py;
+waits: cluster_waits.py.
 """
 
 from __future__ import annotations
@@ -260,6 +262,40 @@ def test_without_kueue_a_queued_job_waits_with_the_reason_and_others_run(
         assert not pods_of(k8s_api, namespace, "queued")
     finally:
         release_then_reset(k8s_api, namespace, local_cluster)
+
+
+def test_kueue_installed_after_the_operator_started_is_listed_and_polled(
+    *,
+    k8s_api: Any,
+    kubeconfig: str,
+    namespace: str,
+    gpupools: Callable[..., str],
+    local_cluster: Any,
+    rbac_operator: OperatorProcess,
+    tmp_path: Path,
+) -> None:
+    """Second in the module, before its Kueue fixture: the operator started without Kueue's
+    CRDs, so Kopf watches no Workloads; Kueue installed afterwards still admits a queued
+    job, which the operator sees by listing and polling (its resync is an hour)."""
+    node_pool = f"late-{uuid.uuid4().hex[:6]}"
+    local_cluster.add_nodes([node_manifest(grown_pool(node_pool), ZONE, 0)])
+    late = Kueue(Path(kubeconfig), k8s_api, tmp_path / "kueue")
+    late.start()
+    q = queues(namespace, node_pool)
+    explain = explainer(k8s_api, late, namespace, ("late",))
+    try:
+        with kueue_queues(k8s_api, q.objects) as define:
+            try:
+                pool = gpupools(node_pool, pricing={"onDemandUsdPerGpuHour": USD_PER_GPU_HOUR})
+                define()
+                create_job(k8s_api, queued_job(namespace, "late", pool, q.queue))
+                wait_running(k8s_api, namespace, "late", pool, explain)
+                wait_admitted(k8s_api, namespace, "late", explain)
+            finally:
+                release_then_reset(k8s_api, namespace, local_cluster)
+    finally:
+        late.stop()
+    assert "Workloads not readable" not in rbac_operator.log.read_text()
 
 
 @pytest.mark.usefixtures("rbac_operator")
