@@ -215,9 +215,7 @@ def test_a_job_on_a_pool_at_zero_nodes_plans_and_runs_once_nodes_come(
             60,
         )
     finally:
-        # The workers leave while their nodes exist: deleted with their nodes, they would
-        # wait out the pod garbage collector's 40 s before the operator fixture sees them go.
-        release_then_reset(k8s_api, namespace, local_cluster)
+        local_cluster.reset_nodes()
 
 
 def test_two_jobs_submitted_together_never_book_the_same_gpus(
