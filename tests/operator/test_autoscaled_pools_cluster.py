@@ -502,10 +502,18 @@ def wait_moved_off_the_request(k8s_api: Any, namespace: str, job: str, existing:
         60,
         lambda: str([r["metadata"]["name"] for r in capacity_requests_of(k8s_api, namespace, job)]),
     )
-    templates = client.CoreV1Api(k8s_api).list_namespaced_pod_template(
-        namespace, label_selector=f"sailplan.dev/job={job}"
+    # The operator deletes the request, then its PodTemplates: a read between the two calls
+    # still finds them.
+    core = client.CoreV1Api(k8s_api)
+    wait_for(
+        "the earlier request's PodTemplates deleted",
+        lambda: (
+            not core.list_namespaced_pod_template(
+                namespace, label_selector=f"sailplan.dev/job={job}"
+            ).items
+        ),
+        30,
     )
-    assert not templates.items
 
 
 # A resync far past the test: the zone's backoff and the replan can only come from the
