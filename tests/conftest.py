@@ -18,7 +18,9 @@ operator's tests: `crds` (installed once per session) and `gpupools` (a factory 
 with unique names, deleted after the test).
 
 The binaries are built, when missing, after collection and only if a collected test is marked
-`cluster`: outside any test, so pytest-timeout does not cut a first 20-minute build short.
+`cluster`: in a background thread while the tests that need no cluster run (they are ordered
+first), and waited for before the first cluster test's timeout starts, so pytest-timeout does
+not cut a first 20-minute build short and a cold machine spends the build time testing.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import os
 import re
 import shutil
 import subprocess
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -60,6 +64,56 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.cluster)
+    # Tests without a cluster first (a stable sort keeps each group's order): on a machine
+    # without the binaries they run while the build does.
+    items.sort(key=lambda item: item.get_closest_marker("cluster") is not None)
+
+
+class _BackgroundBuild:
+    """The local cluster's Go build, run beside the tests that need no cluster."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+        self._thread: threading.Thread | None = None
+        self._session_start = time.monotonic()
+        self._first_cluster_test_seen = False
+
+    def start(self) -> None:
+        from sailplan_dev.localcluster import build
+
+        def run() -> None:
+            try:
+                build.build(log=self.messages.append)
+            except build.BuildError as error:
+                # The cluster tests then error with "binaries not built"; the cause is printed.
+                self.messages.append(f"build failed: {error}")
+
+        self._thread = threading.Thread(target=run, name="local-cluster-build", daemon=True)
+        self._thread.start()
+
+    def wait(self, reporter: Any) -> None:
+        """Before the first cluster test: wait for the build, say how long testing overlapped it."""
+        if self._first_cluster_test_seen:
+            return
+        self._first_cluster_test_seen = True
+        testing = time.monotonic() - self._session_start
+        waited = 0.0
+        if self._thread is not None:
+            start = time.monotonic()
+            self._thread.join()
+            self._thread = None
+            waited = time.monotonic() - start
+        if reporter is not None:
+            reporter.write_line("")
+            for message in self.messages:
+                reporter.write_line(f"[local cluster] {message}")
+            reporter.write_line(
+                f"[local cluster] first cluster test after {testing:.0f} s of tests without one "
+                f"and {waited:.0f} s waiting for the build"
+            )
+
+
+_BUILD = _BackgroundBuild()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -74,17 +128,20 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if not build.missing_binaries() or not build.go_available():
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(
+            "[local cluster] binaries missing: building them from Go modules while the tests "
+            "that need no cluster run (first time only, long)"
+        )
+    _BUILD.start()
 
-    def log(message: str) -> None:
-        if reporter is not None:
-            reporter.write_line(f"[local cluster] {message}")
 
-    log("binaries missing: building them from Go modules (first time only, long)")
-    try:
-        build.build(log=log)
-    except build.BuildError as error:
-        # The cluster tests then error with "binaries not built"; the cause is printed here.
-        log(f"build failed: {error}")
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    # Outermost wrapper, so the wait comes before pytest-timeout's timer starts.
+    if item.get_closest_marker("cluster") is not None:
+        _BUILD.wait(item.config.pluginmanager.get_plugin("terminalreporter"))
+    return (yield)
 
 
 @pytest.hookimpl(wrapper=True)
