@@ -226,8 +226,9 @@ class TrainingSettings(KubeModel):
     precision: Literal["auto", "bf16", "fp16", "fp32"] | None = Field(
         default=None,
         description="auto = bf16 where every GPU type of the plan has it, else fp16 with "
-        "dynamic loss scaling; the trainer keeps fp32 weights and optimizer state either way. "
-        "Unset = fp32, or auto with mixedPrecision",
+        "dynamic loss scaling; in bf16 and fp16 the parameters and gradients are 16-bit and "
+        "the optimizer keeps fp32 master weights and state (DeepSpeed's and Megatron's "
+        "default). Unset = fp32, or auto with mixedPrecision",
     )
     zero_stage: Literal[0, 1, 2] = Field(
         default=1,
