@@ -181,7 +181,7 @@ def trainingjob_crd() -> dict[str, Any]:
                 priority=1,
             ),
         ],
-        root_rules=trainingjob.NAME_RULES,
+        root_rules=trainingjob.OBJECT_RULES,
         legacy_status=_legacy_memory(),
     )
 

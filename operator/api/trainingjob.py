@@ -153,11 +153,23 @@ POOL_RULES: Final[list[JsonValue]] = [
         "message": "set names or selector, not both",
     },
 ]
-NAME_RULES: Final[list[JsonValue]] = [
+OBJECT_RULES: Final[list[JsonValue]] = [
     {
         "rule": f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
         "message": f"metadata.name must be at most {MAX_NAME_LENGTH} characters "
         "(worker pod hostnames are derived from it)",
+    },
+    # A transition rule at the root, where spec and status are both in view: suspending or
+    # resuming a finished job would do nothing, so the API server refuses it, as batch/v1
+    # refuses resuming a finished Job. Status writes leave spec.suspend as it was and pass.
+    {
+        "rule": "!has(oldSelf.status) || !has(oldSelf.status.phase) || "
+        "!(oldSelf.status.phase in ['Succeeded', 'Failed']) || "
+        "(has(self.spec.suspend) && self.spec.suspend) == "
+        "(has(oldSelf.spec.suspend) && oldSelf.spec.suspend)",
+        "message": "spec.suspend cannot change after the job Succeeded or Failed; "
+        "create a new TrainingJob to train again",
+        "fieldPath": ".spec.suspend",
     },
 ]
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 from operator_process import OperatorProcess
 from test_operator_cluster import get_job, job_body, pods_of, wait_phase
 from waiting import wait_for
@@ -71,3 +72,29 @@ def test_suspend_resume_and_suspend_again(
         return not status.get("gpusInUse") and not status.get("gpusReserved")
 
     wait_for("the pool's GPUs free", pool_free, 60)
+
+
+@pytest.mark.cluster
+def test_the_api_server_refuses_suspending_or_resuming_a_finished_job(
+    k8s_api: Any, namespace: str, crds: None
+) -> None:
+    custom = client.CustomObjectsApi(k8s_api)
+    for name, phase in (("won", "Succeeded"), ("lost", "Failed")):
+        body = job_body(namespace, name, None)
+        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs", body)
+        _set_suspend(k8s_api, namespace, name, True)  # not finished yet: allowed
+        _set_suspend(k8s_api, namespace, name, False)
+        custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, "trainingjobs", name, {"status": {"phase": phase}}
+        )
+        with pytest.raises(ApiException) as error:
+            _set_suspend(k8s_api, namespace, name, True)
+        assert error.value.status == 422
+        assert "spec.suspend cannot change after the job Succeeded or Failed" in str(
+            error.value.body
+        )
+        # Other spec edits and status writes of a finished job still pass the rule.
+        custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, "trainingjobs", name, {"status": {"phase": phase}}
+        )
+        assert get_job(k8s_api, namespace, name)["spec"].get("suspend") is False
