@@ -5,8 +5,10 @@ the best plan found by then, so what matters to it is how soon the search has on
 times the operator's deadline test case (tests/operator/test_planning_service.py's
 large_request: OPT-30B, global batch 256, over the example GPUPools, roofline profiles):
 CPU and wall seconds from make_plan's start (profile completion included) to the first
-plan offered to the top-k, and the stage DPs that ran before it. The search is stopped
-there; --limit bounds the CPU seconds spent waiting for one.
+plan offered to the top-k, and the stage DPs that ran before it. The search runs under
+the operator's default planning deadline (--deadline), as the operator's does: with memory
+options it then first searches without them (engine.Search._seed_without_options). The
+search is stopped at its first plan; --limit bounds the CPU seconds spent waiting for one.
 
     python benchmarks/first_plan.py                 # with and without memory options
 """
@@ -47,7 +49,7 @@ class _FirstPlanError(Exception):
     """Raised from the top-k's first offer to stop the search there."""
 
 
-def first_plan(memory_options: bool, limit: float) -> str:
+def first_plan(memory_options: bool, limit: float, deadline: float | None) -> str:
     """One line: when the first plan came and what it was, or that none came in time."""
     catalog = default_catalog()
     request = PlanRequest(
@@ -56,6 +58,7 @@ def first_plan(memory_options: bool, limit: float) -> str:
         cluster=ClusterSnapshot(pools=EXAMPLE_POOLS),
         objective=Objective(kind="throughput"),
         memory_options=memory_options,
+        deadline_seconds=deadline,
     )
     offer, solve = objective.TopK.offer, engine.Search._solve
     dps = [0, 0]  # stage DPs run, of them with no bar (no plan known, no cap)
@@ -102,9 +105,16 @@ def first_plan(memory_options: bool, limit: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=float, default=120.0, help="CPU seconds to wait")
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        default=120.0,
+        help="the search's deadline_seconds (the operator's default, replan/defaults.py); 0 = none",
+    )
     args = parser.parse_args()
+    print(f"deadline {args.deadline:g} s" if args.deadline else "no deadline", flush=True)
     for memory_options in (False, True):
-        print(first_plan(memory_options, args.limit), flush=True)
+        print(first_plan(memory_options, args.limit, args.deadline or None), flush=True)
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
 
 

@@ -124,9 +124,9 @@ class PlanRequest(BaseModel):
             "floor; 0 = Perseus' no-slowdown point"
         ),
     )
-    # Off unless asked for (the CLI asks by default): with the options the search reaches
-    # its first feasible plan later, and OPT-30B over the example pools found none within
-    # a 10 s planning deadline, where it finds one without them.
+    # Off unless asked for (the CLI and the operator ask): without a deadline the search
+    # with them takes longer. With a deadline it first runs the search without them and
+    # keeps those plans (engine.Search._seed_without_options), so it has a plan as soon.
     memory_options: bool = Field(
         default=False,
         description=(

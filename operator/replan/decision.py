@@ -197,6 +197,9 @@ def plan_request(job: TrainingJob, model: ModelSpec, cluster: ClusterSnapshot) -
         max_pipeline_depth=spec.objective.max_pipeline_depth,
         energy_predictions=wants_energy(job),
         energy_max_slowdown=spec.energy.max_slowdown if wants_energy(job) else 0.0,
+        # under its deadline the search seeds itself with the plans it finds without the
+        # options (engine.Search._seed_without_options), so they cost no first plan
+        memory_options=True,
         deadline_seconds=(
             float(spec.planning.deadline_seconds)
             if spec.planning.deadline_seconds is not None

@@ -175,6 +175,7 @@ class Search:
         deadline: float | None = None,
     ) -> None:
         self.request = request
+        self._profiles, self._catalog = profiles, catalog
         # time.monotonic() after which no new DP starts and a running one stops
         self.deadline = deadline
         self.expired = False
@@ -519,7 +520,10 @@ class Search:
 
     def run(self) -> list[Plan]:
         """Two passes: the first, with one TP degree for all stages and zone-pure kinds
-        only, finds good plans fast; the second searches every kind with those as the bar."""
+        only, finds good plans fast; the second searches every kind with those as the bar.
+        Under a deadline with memory options, the search without them runs first (below)."""
+        if self.request.memory_options and self.deadline is not None:
+            self._seed_without_options()
         batch = self.request.global_batch_size
         prepared: list[tuple[int, int, list[_KindKey], list[KindTables]]] = []
         for mbs in self.micro_batch_sizes():
@@ -551,6 +555,34 @@ class Search:
             # the trainer's ZeRO-2 reduces per micro-batch: its pipelines cannot split unevenly
             self._uneven_pass([(mbs, dp) for mbs, dp, _, _ in prepared])
         return self.top.plans()
+
+    def _seed_without_options(self) -> None:
+        """Run the search without memory options first and keep its best plans.
+
+        With the options the first configurations tried often have no feasible plan, and
+        with no plan known each DP runs without a bar, so a deadline-bound search could end
+        with nothing (benchmarks/first_plan.py). Without them the search finds a plan in
+        about a CPU second there. Every plan it finds is also a plan with options (a stage that
+        fits needs none), so its top k are a valid incumbent: the search with options
+        returns them or better. The seed gets at most half the time left (its first plan
+        comes in about a second), so a model that fits only with options keeps the other
+        half to find one.
+        """
+        assert self.deadline is not None
+        now = time.monotonic()
+        plain = Search(
+            self.request.model_copy(update={"memory_options": False}),
+            self._profiles,
+            self._catalog,
+            now + max(self.deadline - now, 0.0) / 2,
+        )
+        plain.run()
+        for value, _, plan in plain.top.entries:
+            self.top.offer(value, plan)
+        self.stats.evaluated += plain.stats.evaluated
+        self.stats.simulated += plain.stats.simulated
+        self.stats.dp_runs += plain.stats.dp_runs
+        self.energy_floor = min(self.energy_floor, plain.energy_floor)
 
     def _uneven_pass(self, prepared: list[tuple[int, int]]) -> None:
         """Plans whose pipelines run on two GPU types with the batch split by speed
