@@ -27,7 +27,7 @@ controller.apply creates and deletes them.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any, Final
 
@@ -348,14 +348,7 @@ def admit(
     )
     if admission is None or not watched or workloads is None:
         return admission
-    return Admission(
-        admission.create,
-        delete_workloads=admission.delete_workloads,
-        patch_workloads=admission.patch_workloads,
-        conditions=admission.conditions,
-        events=admission.events,
-        phase=admission.phase,
-    )
+    return replace(admission, requeue_after=None)
 
 
 def _admit(

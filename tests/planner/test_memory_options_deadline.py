@@ -12,24 +12,9 @@ from __future__ import annotations
 
 from sailplan.planner.api import Objective, Planned, PlanRequest, make_plan
 from sailplan.planner.catalog import default_catalog
-from sailplan.planner.cluster import ClusterSnapshot, Pool
+from sailplan.planner.cluster import ClusterSnapshot
 from sailplan.planner.profiles.types import ProfileSet
-
-# the example GPUPools of manifests/examples, as in benchmarks/first_plan.py
-EXAMPLE_POOLS = (
-    Pool(name="a100-ondemand/us-central1-a", gpu_type="A100-40", zone="us-central1-a",
-         region="us-central1", gpus_per_node=4, nodes=2),
-    Pool(name="a100-ondemand/us-central1-b", gpu_type="A100-40", zone="us-central1-b",
-         region="us-central1", gpus_per_node=4, nodes=2),
-    Pool(name="a100-spot/us-central1-a", gpu_type="A100-40", zone="us-central1-a",
-         region="us-central1", gpus_per_node=4, nodes=3, spot=True),
-    Pool(name="v100-ondemand/us-central1-a", gpu_type="V100-16", zone="us-central1-a",
-         region="us-central1", gpus_per_node=4, nodes=3),
-    Pool(name="v100-ondemand/us-west1-b", gpu_type="V100-16", zone="us-west1-b",
-         region="us-west1", gpus_per_node=4, nodes=3),
-    Pool(name="v100-spot/us-west1-b", gpu_type="V100-16", zone="us-west1-b",
-         region="us-west1", gpus_per_node=2, nodes=2, spot=True),
-)  # fmt: skip
+from sailplan_dev.example_pools import EXAMPLE_POOLS
 
 
 def _plan(memory_options: bool, deadline: float) -> Planned:
