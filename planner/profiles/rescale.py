@@ -26,6 +26,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 
 from sailplan.planner.modelspec import ModelSpec
+from sailplan.planner.profiles.transfer import Columns, kind_ratios, median_estimate
 from sailplan.planner.profiles.types import ComputeProfile, ProfileSet, Provenance
 
 RESCALE_TOOL = "sailplan-model-rescale"
@@ -34,44 +35,11 @@ TOOL_VERSION = "1"
 
 # roofline(model, tp, micro_batch_size) on the GPU being estimated
 Roofline = Callable[[ModelSpec, int, int], ComputeProfile]
-Columns = tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]
 
 
 def same_family(a: ModelSpec, b: ModelSpec) -> bool:
     """Layers the roofline compares fairly: same architecture and MLP kind."""
     return a.architecture == b.architecture and a.mlp == b.mlp
-
-
-def _kind_levels(
-    measured: Sequence[float], roofline: Sequence[float], kinds: Sequence[str]
-) -> dict[str, float]:
-    """measured / roofline summed per layer kind; 'all' over every layer."""
-    sums: dict[str, list[float]] = {}
-    for m, r, kind in zip(measured, roofline, kinds, strict=True):
-        for key in (kind, "all"):
-            entry = sums.setdefault(key, [0.0, 0.0])
-            entry[0] += m
-            entry[1] += r
-    return {k: m / r for k, (m, r) in sums.items() if m > 0 and r > 0}
-
-
-def _middle(estimates: list[Columns], labels: list[str]) -> tuple[Columns, list[str]]:
-    """The median estimate by whole-model forward + backward (geometric mean of the two
-    middle ones): one inconsistent reference cannot drag the answer."""
-    ranked = sorted(
-        range(len(estimates)),
-        key=lambda i: (sum(estimates[i][0]) + sum(estimates[i][1]), labels[i]),
-    )
-    lower, upper = ranked[(len(ranked) - 1) // 2], ranked[len(ranked) // 2]
-    picked = estimates[lower], estimates[upper]
-    columns = tuple(
-        tuple(
-            math.sqrt(a * b) if a > 0 and b > 0 else (a + b) / 2
-            for a, b in zip(picked[0][i], picked[1][i], strict=True)
-        )
-        for i in range(3)
-    )
-    return (columns[0], columns[1], columns[2]), sorted({labels[lower], labels[upper]})
 
 
 def rescale_profile(
@@ -112,7 +80,7 @@ def rescale_profile(
             (reference.backward_s, ref_roof.backward_s, target.backward_s),
             (reference.update_s, ref_roof.update_s, target.update_s),
         ):
-            levels = _kind_levels(meas, ref_r, ref_kinds)
+            levels = kind_ratios(meas, ref_r, ref_kinds)
             overall = levels.get("all")
             if overall is None:
                 # nothing measured in this column (the artifact's A100-80 optimizer step
@@ -126,7 +94,7 @@ def rescale_profile(
         labels.append(reference.model)
     if not estimates:
         return None
-    (forward, backward, update), used = _middle(estimates, labels)
+    (forward, backward, update), used = median_estimate(estimates, labels)
     return ComputeProfile(
         model=model.name,
         gpu_type=gpu_type,

@@ -26,6 +26,7 @@ TRANSFER_TOOL = "sailplan-gpu-transfer"
 TRANSFER_VERSION = "1"
 
 Direction = tuple[float, ...]
+Columns = tuple[Direction, Direction, Direction]  # forward, backward, update
 
 
 def _usable(profile: ComputeProfile | None, layers: int | None = None) -> bool:
@@ -37,17 +38,41 @@ def _usable(profile: ComputeProfile | None, layers: int | None = None) -> bool:
     )
 
 
-def _kind_ratios(
-    on_target: Sequence[float], on_source: Sequence[float], kinds: Sequence[str]
+def kind_ratios(
+    numerator: Sequence[float], denominator: Sequence[float], kinds: Sequence[str]
 ) -> dict[str, float]:
-    """target / source time summed per layer kind; 'all' over every layer."""
+    """numerator / denominator time summed per layer kind; 'all' over every layer (also
+    rescale.py's measured / roofline levels)."""
     sums: dict[str, list[float]] = {}
-    for t, s, kind in zip(on_target, on_source, kinds, strict=True):
+    for n, d, kind in zip(numerator, denominator, kinds, strict=True):
         for key in (kind, "all"):
             entry = sums.setdefault(key, [0.0, 0.0])
-            entry[0] += t
-            entry[1] += s
-    return {k: t / s for k, (t, s) in sums.items() if t > 0 and s > 0}
+            entry[0] += n
+            entry[1] += d
+    return {k: n / d for k, (n, d) in sums.items() if n > 0 and d > 0}
+
+
+def median_estimate(
+    estimates: Sequence[Columns], labels: Sequence[str]
+) -> tuple[Columns, list[str]]:
+    """The median estimate by whole-model forward + backward (geometric mean of the two
+    middle ones, ties by label), and the labels of those two: one inconsistent reference (a
+    profile taken under memory pressure, a partial measurement) cannot drag the answer, as
+    it would a mean. Also rescale.py's."""
+    ranked = sorted(
+        range(len(estimates)),
+        key=lambda i: (sum(estimates[i][0]) + sum(estimates[i][1]), labels[i]),
+    )
+    lower, upper = ranked[(len(ranked) - 1) // 2], ranked[len(ranked) // 2]
+
+    def geometric_mean(index: int) -> Direction:
+        columns = zip(estimates[lower][index], estimates[upper][index], strict=True)
+        return tuple(math.sqrt(a * b) if a > 0 and b > 0 else (a + b) / 2 for a, b in columns)
+
+    return (
+        (geometric_mean(0), geometric_mean(1), geometric_mean(2)),
+        sorted({labels[lower], labels[upper]}),
+    )
 
 
 def _reference_kinds(reference: ComputeProfile, models: dict[str, ModelSpec]) -> list[str]:
@@ -72,7 +97,7 @@ def transfer_profile(
     scaled by the GPU ratio of every other model measured on both; None when no
     (source GPU, reference model) pair has all three measurements at this point."""
     kinds = [model.layer_kind(i) for i in range(model.num_layers)]
-    estimates: list[tuple[Direction, Direction, Direction]] = []
+    estimates: list[Columns] = []
     sources: list[str] = []
     own = [
         p
@@ -105,12 +130,12 @@ def transfer_profile(
                 (reference.backward_s, ref_source.backward_s, source.backward_s),
                 (reference.update_s, ref_source.update_s, source.update_s),
             ):
-                ratios = _kind_ratios(target_t, source_t, ref_kinds)
+                ratios = kind_ratios(target_t, source_t, ref_kinds)
                 overall = ratios.get("all")
                 if overall is None and directions:
                     # no optimizer step measured on one side (the artifact's A100-80 has 0):
                     # the step scales like the rest of the work
-                    ratios = _kind_ratios(
+                    ratios = kind_ratios(
                         [
                             sum(x)
                             for x in zip(reference.forward_s, reference.backward_s, strict=True)
@@ -135,26 +160,15 @@ def transfer_profile(
     if not estimates:
         return None
 
-    # the median estimate by whole-model time: one inconsistent reference (a profile taken
-    # under memory pressure, a partial measurement) cannot drag the answer, as it would a mean
-    ranked = sorted(
-        range(len(estimates)),
-        key=lambda i: (sum(estimates[i][0]) + sum(estimates[i][1]), sources[i]),
-    )
-    lower, upper = ranked[(len(ranked) - 1) // 2], ranked[len(ranked) // 2]
-
-    def geometric_mean(index: int) -> tuple[float, ...]:
-        columns = zip(estimates[lower][index], estimates[upper][index], strict=True)
-        return tuple(math.sqrt(a * b) if a > 0 and b > 0 else (a + b) / 2 for a, b in columns)
-
+    (forward, backward, update), _ = median_estimate(estimates, sources)
     return ComputeProfile(
         model=model.name,
         gpu_type=gpu_type,
         tensor_parallel=tp,
         micro_batch_size=micro_batch_size,
-        forward_s=geometric_mean(0),
-        backward_s=geometric_mean(1),
-        update_s=geometric_mean(2),
+        forward_s=forward,
+        backward_s=backward,
+        update_s=update,
         provenance=Provenance(
             source="estimated",
             tool=TRANSFER_TOOL,
