@@ -94,3 +94,19 @@ def pool(
 
 def cluster(*pools: Pool) -> ClusterSnapshot:
     return ClusterSnapshot(pools=pools)
+
+
+def two_types_two_zones() -> tuple[ModelSpec, ClusterSnapshot, ProfileSet]:
+    """Both types in two zones of one region, 1-GPU nodes (TP 1), the slow type 2.5x the
+    fast one: pipelines may cross zones (the optimality and energy-optimality cases)."""
+    model = tiny_model(blocks=3)
+    snapshot = cluster(
+        pool(FAST, "us-central1-a", 2),
+        pool(SLOW, "us-central1-a", 1),
+        pool(FAST, "us-central1-b", 1),
+        pool(SLOW, "us-central1-b", 2),
+    )
+    profiles = profile_set(
+        model, [FAST, SLOW], compute_profiles(model, {FAST: 1.0, SLOW: 2.5}, tps=(1,))
+    )
+    return model, snapshot, profiles

@@ -10,6 +10,7 @@ brute force's own data; with and without an allowed slowdown.
 
 from __future__ import annotations
 
+import planner_search_cases as cases
 import pytest
 from planner_search_cases import (
     FAST,
@@ -84,17 +85,7 @@ def one_zone() -> Case:
 
 @pytest.fixture(scope="module")
 def two_zones() -> Case:
-    # Both types in two zones of one region; 1-GPU nodes (TP 1); pipelines may cross zones.
-    model = tiny_model(blocks=3)
-    snapshot = cluster(
-        pool(FAST, "us-central1-a", 2),
-        pool(SLOW, "us-central1-a", 1),
-        pool(FAST, "us-central1-b", 1),
-        pool(SLOW, "us-central1-b", 2),
-    )
-    profiles = profile_set(
-        model, [FAST, SLOW], compute_profiles(model, {FAST: 1.0, SLOW: 2.5}, tps=(1,))
-    )
+    model, snapshot, profiles = cases.two_types_two_zones()
     scored = scored_plans(
         model,
         snapshot=snapshot,

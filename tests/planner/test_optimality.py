@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import combinations, combinations_with_replacement, product
 
+import planner_search_cases as cases
 import pytest
 from planner_search_cases import (
     FAST,
@@ -240,17 +241,7 @@ def test_two_gpu_types_in_one_zone(
 
 @pytest.fixture(scope="module")
 def two_types_two_zones() -> tuple[ModelSpec, ClusterSnapshot, ProfileSet, list[Scored]]:
-    # Both types in two zones of one region; 1-GPU nodes (TP 1); pipelines may cross zones.
-    model = tiny_model(blocks=3)
-    snapshot = cluster(
-        pool(FAST, "us-central1-a", 2),
-        pool(SLOW, "us-central1-a", 1),
-        pool(FAST, "us-central1-b", 1),
-        pool(SLOW, "us-central1-b", 2),
-    )
-    profiles = profile_set(
-        model, [FAST, SLOW], compute_profiles(model, {FAST: 1.0, SLOW: 2.5}, tps=(1,))
-    )
+    model, snapshot, profiles = cases.two_types_two_zones()
     scored = scored_plans(
         model, snapshot=snapshot, profiles=profiles, batch=8, tps=(1,), sizes=(1, 2), max_depth=3
     )
