@@ -53,6 +53,7 @@ def stage_table(plan: Plan, predictions: Predictions | None, title: str) -> Tabl
             name
             for name, used in (
                 ("recompute", stage.recompute == "full"),
+                ("selective", stage.recompute == "selective"),
                 ("offload", stage.optimizer_offload),
             )
             if used

@@ -44,11 +44,13 @@ class Stage(BaseModel):
     layer_end: int = Field(gt=0)
     tensor_parallel: int = Field(default=1, ge=1)
     replicas: tuple[Replica, ...] = Field(min_length=1)
-    recompute: Literal["none", "full"] = Field(
+    recompute: Literal["none", "selective", "full"] = Field(
         default="none",
         description=(
             "activation recomputation: full = every layer keeps only its input per "
-            "micro-batch and runs its forward again in the backward (torch.utils.checkpoint)"
+            "micro-batch and runs its forward again in the backward (torch.utils.checkpoint); "
+            "selective = only the attention cores (QK^T, softmax, attention over V) are "
+            "recomputed, the linear layers keep their activations (Megatron-LM's selective)"
         ),
     )
     optimizer_offload: bool = Field(
@@ -257,6 +259,12 @@ class Plan(BaseModel):
                 raise ValueError(
                     f"stage {i}: optimizer_offload runs DeepSpeed's CPU Adam; set optimizer "
                     "adam or optimizer_offload false"
+                )
+            if stage.recompute == "selective" and not self.model.is_transformer:
+                raise ValueError(
+                    f"stage {i}: selective recomputation recomputes attention, which "
+                    f"{self.model.name} ({self.model.architecture}) does not have; set "
+                    "recompute none or full"
                 )
         if expected_start != self.model.num_layers:
             raise ValueError(

@@ -19,12 +19,11 @@ import numpy as np
 import numpy.typing as npt
 
 from sailplan.planner.search.memopts import (
-    BOTH,
-    OFFLOAD,
-    RECOMPUTE,
     OptionTables,
     StageOptions,
+    offloaded,
     option_tables,
+    recompute_level,
     stage_options,
 )
 from sailplan.planner.simulator.collectives import AllReduceLayout
@@ -117,9 +116,10 @@ class KindTables:
         key = ("compute", in_flight)
         if key not in self._lists:
             assert self.options is not None
-            used = self.options.choice(in_flight) >= RECOMPUTE
+            choice = self.options.choice(in_flight)
+            used = recompute_level(choice) > 0
             self._lists[key] = (
-                OptionRows(self.compute_list(), self.options.compute_recomputed, used)
+                OptionRows(self.compute_list(), self.options.compute_for(choice), used)
                 if used.any()
                 else self.compute_list()
             )
@@ -130,7 +130,7 @@ class KindTables:
         if key not in self._lists:
             assert self.options is not None
             choice = self.options.choice(in_flight)
-            used = (choice == OFFLOAD) | (choice == BOTH)
+            used = offloaded(choice)
             self._lists[key] = (
                 OptionRows(self.tail_list_plain(), self.options.tail_offloaded, used)
                 if used.any()

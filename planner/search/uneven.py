@@ -25,8 +25,8 @@ ZeRO-2 cannot run different counts per pipeline, so the search skips this pass f
 
 Memory options (PlanRequest.memory_options, search/memopts.py): a stage's options are one
 pair of Stage fields for all its replicas, so a range takes the union of what each type
-needs at the stage's in-flight count (recomputation if either recomputes, offload if
-either offloads: the option codes OR'ed), the combined kind's compute and tail are the
+needs at the stage's in-flight count (the more recomputation of the two, offload if
+either offloads: memopts.union_codes), the combined kind's compute and tail are the
 two types' under that union, and the range fits only where the union fits both types'
 GPU memory and is allowed on both (offload: host link and host memory). The stage DP
 prices the union, the placed plan carries it, and simulate() prices it again.
@@ -46,7 +46,13 @@ import numpy.typing as npt
 from sailplan.planner.cluster import Pool
 from sailplan.planner.plan import Plan, Predictions, Replica, Stage
 from sailplan.planner.search import stagedp
-from sailplan.planner.search.memopts import BOTH, NONE, OFFLOAD, RECOMPUTE, stage_options
+from sailplan.planner.search.memopts import (
+    CODES,
+    NONE,
+    offloaded,
+    stage_options,
+    union_codes,
+)
 from sailplan.planner.search.placement import _take
 from sailplan.planner.search.terms import KindTables, kind_tables
 from sailplan.planner.simulator import PlanningContext, simulate
@@ -80,7 +86,8 @@ def _combined(
 
 class _Union:
     """The combined kind of two types under memory options: per range and in-flight count
-    the union of both types' option codes (OFFLOAD and RECOMPUTE are bits, BOTH both)."""
+    the union of both types' option codes (memopts.union_codes: offload if either
+    offloads, the more recomputation of the two)."""
 
     def __init__(self, fast: KindTables, slow: KindTables, d_fast: int, d_slow: int) -> None:
         assert fast.options is not None and slow.options is not None
@@ -96,9 +103,9 @@ class _Union:
         cached = self._codes.get(in_flight)
         if cached is None:
             a, b = self.fast.choice(in_flight), self.slow.choice(in_flight)
-            union = (np.maximum(a, 0) | np.maximum(b, 0)).astype(np.int8)
+            union = union_codes(a, b)
             ok = (a >= 0) & (b >= 0) & self.ranges
-            for code in (NONE, OFFLOAD, RECOMPUTE, BOTH):
+            for code in CODES:
                 here = union == code
                 for side in (self.fast, self.slow):
                     fits = side.need(code, in_flight) <= side.capacity_bytes
@@ -113,9 +120,9 @@ class _Union:
     def compute_at(self, in_flight: int) -> list[list[float]]:
         rows = self._rows.get(("compute", in_flight))
         if rows is None:
-            recompute = self.codes(in_flight) >= RECOMPUTE
-            fast = np.where(recompute, self.fast.compute_recomputed, self.fast.compute)
-            slow = np.where(recompute, self.slow.compute_recomputed, self.slow.compute)
+            codes = self.codes(in_flight)
+            fast = self.fast.compute_for(codes)
+            slow = self.slow.compute_for(codes)
             combined = _combined(fast, slow, self.d_fast, self.d_slow)
             rows = self._rows["compute", in_flight] = np.where(
                 self.ranges, combined, np.inf
@@ -126,7 +133,7 @@ class _Union:
         rows = self._rows.get(("tail", in_flight))
         if rows is None:
             codes = self.codes(in_flight)
-            offload = (codes == OFFLOAD) | (codes == BOTH)
+            offload = offloaded(codes)
             fast = np.where(offload, self.fast.tail_offloaded, self.fast.tail)
             slow = np.where(offload, self.slow.tail_offloaded, self.slow.tail)
             rows = self._rows["tail", in_flight] = np.where(

@@ -30,6 +30,7 @@ from sailplan.planner.profiles.memory import (
     boundary_activation_bytes,
     layer_activation_bytes,
 )
+from sailplan.planner.profiles.selective import attention_core_bytes, attention_core_share
 from sailplan.planner.profiles.types import (
     BandwidthCurve,
     LinkClass,
@@ -103,6 +104,11 @@ class StageTable:
     # the backward recomputes one layer at a time, so a stage's largest is live at once)
     kept_outputs: FloatArray | None = None
     layer_activations: FloatArray | None = None
+    # selective recomputation (profiles/selective.py): each layer's attention-core bytes (not
+    # summed: the backward recomputes one layer's core at a time) and prefix sums of the
+    # forward seconds of the cores it runs again
+    attention_core: FloatArray | None = None
+    core_forward: FloatArray | None = None
 
     def forward_backward_seconds(self, a: int, b: int) -> float:
         return float(self.forward[b] - self.forward[a] + self.backward[b] - self.backward[a])
@@ -130,6 +136,20 @@ class StageTable:
     def largest_layer_activation_bytes(self, a: int, b: int) -> float:
         assert self.layer_activations is not None
         return float(self.layer_activations[a:b].max())
+
+    def attention_core_bytes(self, a: int, b: int) -> float:
+        """Bytes the attention cores of layers [a, b) keep per micro-batch without recomputation."""
+        assert self.attention_core is not None
+        return float(self.attention_core[a:b].sum())
+
+    def largest_attention_core_bytes(self, a: int, b: int) -> float:
+        assert self.attention_core is not None
+        return float(self.attention_core[a:b].max())
+
+    def core_forward_seconds(self, a: int, b: int) -> float:
+        """Forward seconds of the attention cores of layers [a, b) (their FLOPs' share)."""
+        assert self.core_forward is not None
+        return float(self.core_forward[b] - self.core_forward[a])
 
 
 def in_flight_micro_batches(stage: int, num_stages: int, num_micro_batches: int) -> int:
@@ -275,6 +295,13 @@ class CostModel:
             ]
         )
 
+        scale = self.training.activation_scale
+        cores = [
+            attention_core_bytes(self.model, i, tp, mbs) * scale if not flash else 0.0
+            for i in range(self.num_layers)
+        ]
+        shares = [attention_core_share(self.model, i, tp, mbs) for i in range(self.num_layers)]
+
         def prefix(values: Sequence[float]) -> FloatArray:
             out = np.zeros(self.num_layers + 1, dtype=np.float64)
             np.cumsum(np.asarray(values, dtype=np.float64), out=out[1:])
@@ -297,6 +324,8 @@ class CostModel:
                 ]
             ),
             layer_activations=layer_activations,
+            attention_core=np.array(cores, dtype=np.float64),
+            core_forward=prefix([f * c for f, c in zip(profile.forward_s, shares, strict=True)]),
         )
 
     def boundary_bytes(self, mbs: int, layer: int) -> int:
@@ -360,9 +389,14 @@ class CostModel:
 
     def stage_seconds(self, table: StageTable, a: int, b: int, recompute: str = "none") -> float:
         """Forward + backward of one micro-batch on layers [a, b); full recomputation runs
-        every forward again inside the backward (forward + forward + backward)."""
+        every forward again inside the backward (forward + forward + backward), selective
+        recomputation the attention cores' forwards only (profiles/selective.py)."""
         seconds = table.forward_backward_seconds(a, b)
-        return seconds + table.forward_seconds(a, b) if recompute == "full" else seconds
+        if recompute == "full":
+            return seconds + table.forward_seconds(a, b)
+        if recompute == "selective":
+            return seconds + table.core_forward_seconds(a, b)
+        return seconds
 
     def stage_update_seconds(
         self, table: StageTable, a: int, b: int, offload: bool, data_parallel: int
@@ -422,13 +456,19 @@ class CostModel:
         not the first) + the framework's fixed overhead. With full recomputation
         (`recompute="full"`) a micro-batch keeps only its layers' outputs (Korthikanti et
         al. 2022, Sec. 4.1: 2sbh bytes per layer at 16 bits) and the backward holds one
-        layer's activations again while it recomputes it, the stage's largest.
+        layer's activations again while it recomputes it, the stage's largest. With
+        selective recomputation (`recompute="selective"`) a micro-batch keeps everything but
+        the attention cores' 5as^2b/t per layer (Korthikanti Table 2: sbh(10 + 24/t) per
+        layer; profiles/selective.py) and the backward holds one layer's core again.
         """
         in_flight = in_flight_micro_batches(stage, num_stages, num_micro_batches)
         recomputed = 0.0
         if recompute == "full":
             activations = table.recompute_kept_bytes(a, b)
             recomputed = table.largest_layer_activation_bytes(a, b)
+        elif recompute == "selective":
+            activations = table.activation_bytes(a, b) - table.attention_core_bytes(a, b)
+            recomputed = table.largest_attention_core_bytes(a, b)
         else:
             activations = table.activation_bytes(a, b)
         if a > 0:

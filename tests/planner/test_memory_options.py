@@ -107,7 +107,7 @@ def test_plan_fields_validate_and_round_trip() -> None:
     )
     assert Plan.from_json(legacy).stages[1].recompute == "none"
     with pytest.raises(ValidationError, match="recompute"):
-        _plan("selective")
+        _plan("partial")
     with pytest.raises(ValidationError, match="optimizer_offload runs DeepSpeed's CPU Adam"):
         Plan.model_validate({**_plan(offload=True).model_dump(), "optimizer": "sgd"})
 
