@@ -153,13 +153,14 @@ class Kube:
         for template in provisioning.pod_template_names(body):
             self._unless_gone(self.core.delete_namespaced_pod_template, template, namespace)
 
-    def list_unbound_workers(self) -> list[dict[str, Any]]:
-        """Every namespace's worker pods not bound to a node yet: the capacity other jobs'
-        plans reserve, read fresh (a watch may not have delivered a pod created just now)."""
+    def list_live_workers(self) -> list[dict[str, Any]]:
+        """Every namespace's worker pods that have not finished, bound or not: the GPUs the
+        jobs' plans hold or reserve, read fresh (a watch may not have delivered a pod created
+        or bound just now, and the GPUPool status that counts bound ones is written later)."""
         items: list[dict[str, Any]] = self._json(
             self.core.list_pod_for_all_namespaces(
                 label_selector=naming.LABEL_GPUPOOL,
-                field_selector="spec.nodeName=",
+                field_selector="status.phase!=Succeeded,status.phase!=Failed",
                 _preload_content=False,
             )
         ).get("items", [])

@@ -45,6 +45,7 @@ from sailplan.operator.reconcile.nodes import (
     NodeInfo,
     created_at,
     node_info,
+    other_pod_gpu_request,
     pod_gpu_request,
     pod_gpu_reservation,
     pod_priority,
@@ -55,7 +56,7 @@ log = logging.getLogger("sailplan.operator")
 
 EVENT_SOURCE = "sailplan-operator"  # the Events' source (`kubectl describe`'s From column)
 # The Kopf indices the runtime reads (ids of the @kopf.index handlers below).
-INDICES = ("nodes", "gpus", "priorities", "pools", "profiles", "capacity", "workloads")
+INDICES = ("nodes", "gpus", "others", "priorities", "pools", "profiles", "capacity", "workloads")
 
 
 def connection_info(
@@ -154,6 +155,13 @@ def build_registry(config: OperatorConfig, api_client: client.ApiClient) -> kopf
         if created is not None:
             entry[(WAITING, pool_name, zone)] = created.timestamp()
         return entry
+
+    @kopf.index("pods", id="others", registry=registry)
+    async def others(body: kopf.Body, **_: Any) -> dict[str, float]:
+        # node -> GPUs of the bound GPU pods that are no Sailplan workers: a planning pass
+        # lists the workers fresh and takes the rest from here (controller.runtime).
+        usage = other_pod_gpu_request(body)
+        return {usage[0]: usage[1]} if usage else {}
 
     @kopf.index("pods", id="priorities", registry=registry)
     async def priorities(body: kopf.Body, **_: Any) -> dict[str, int]:

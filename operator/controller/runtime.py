@@ -53,7 +53,7 @@ from sailplan.operator.profilestore import ProfileStore
 from sailplan.operator.reconcile.contention import competes, contends
 from sailplan.operator.reconcile.gpupool import pool_status
 from sailplan.operator.reconcile.naming import LABEL_JOB, LABEL_ROLE
-from sailplan.operator.reconcile.nodes import NodeInfo, pod_gpu_reservation
+from sailplan.operator.reconcile.nodes import NodeInfo, busiest, gpu_use, held_priorities
 from sailplan.operator.reconcile.provisioning import (
     REASON_CLASS_NOT_SERVED,
     ROLE_CAPACITY,
@@ -67,7 +67,11 @@ from sailplan.operator.reconcile.provisioning import (
     waiting_requests,
 )
 from sailplan.operator.reconcile.scaleup import next_change
-from sailplan.operator.reconcile.snapshot import with_preemptible, with_reservations
+from sailplan.operator.reconcile.snapshot import (
+    with_in_use,
+    with_preemptible,
+    with_reservations,
+)
 from sailplan.operator.reconcile.summary import KubeEvent
 from sailplan.operator.reconcile.trainingjob import (
     Outcome,
@@ -390,24 +394,25 @@ class Runtime:
                 )
                 self._requeue_later(key)(HOLD_BACK_SECONDS)
                 return
-            unbound = await run_blocking(self.kube.list_unbound_workers)
-            reservations = [r for r in map(pod_gpu_reservation, unbound) if r is not None]
+            # Every job's live workers, read now: the unbound ones reserve GPUs in their
+            # pool and zone, the bound ones hold their nodes even before the GPUPool status
+            # (written on the pod's event, later) counts them, and a node whose workers
+            # are gone is free even before it says so. Other GPU pods come from the index.
+            live = gpu_use(await run_blocking(self.kube.list_live_workers))
+            reservations = list(live.reservations)
             # Workers withheld until their ProvisioningRequest is Provisioned reserve too.
             requests = await self.capacity_requests()
             found = verdicts(requests, acceptance_seconds(observed.pools), now)
             reservations += request_reservations(requests, found.unanswered, besides=key)
-            observed = dataclasses.replace(
-                observed, pools=with_reservations(observed.pools, reservations)
-            )
+            pools = with_reservations(observed.pools, reservations)
+            in_use = busiest(self._nodes_in_use(), live.in_use)
+            pools = with_in_use(pools, nodes, in_use)
             if priority > 0:
                 # Nodes only lower-priority pods hold count as free: the scheduler preempts
                 # them for this job's workers.
-                observed = dataclasses.replace(
-                    observed,
-                    pools=with_preemptible(
-                        observed.pools, nodes, self._node_priorities(), priority
-                    ),
-                )
+                held_by = held_priorities(busiest(self._node_priorities(), live.priorities), in_use)
+                pools = with_preemptible(pools, nodes, held_by, priority)
+            observed = dataclasses.replace(observed, pools=pools)
             outcome = await run_blocking(
                 reconcile,
                 observed,
@@ -518,6 +523,14 @@ class Runtime:
             return 0
         value = await run_blocking(self.kube.priority_class_value, name)
         return value or 0
+
+    def _nodes_in_use(self) -> dict[str, int]:
+        """node -> GPUs the bound GPU pods that are no Sailplan workers hold (the "others"
+        index, filled before any handler runs, so before any pass)."""
+        index = self.indices.get("others")
+        if index is None:
+            return {}
+        return {str(node): int(sum(store)) for node, store in index.items() if store}
 
     def _node_priorities(self) -> dict[str, int]:
         """node -> the highest priority among the pods holding its GPUs."""

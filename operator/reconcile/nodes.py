@@ -4,12 +4,13 @@ The handlers keep Kopf indices of these small records instead of whole Node and 
 objects (a 500-node cluster stays cheap to hold and to scan); the GPUPool status is
 computed from them by gpupool.py. A worker pod that is created but not bound yet holds no
 node's GPUs but will take some in its pool and zone: `pod_gpu_reservation` counts it, so
-that capacity is reserved until the pod binds or is deleted.
+that capacity is reserved until the pod binds or is deleted. `gpu_use` reads both from the
+fresh list of live workers that each planning pass makes (controller.runtime).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
@@ -99,6 +100,14 @@ def pod_gpu_request(body: Mapping[str, Any]) -> tuple[str, int] | None:
     return (str(node), gpus) if gpus else None
 
 
+def other_pod_gpu_request(body: Mapping[str, Any]) -> tuple[str, int] | None:
+    """(node name, GPUs) of a bound GPU pod that is no Sailplan worker (no GPUPool label),
+    else None: the GPU use that the planning pass's fresh list of workers does not show."""
+    if ((body.get("metadata") or {}).get("labels") or {}).get(LABEL_GPUPOOL):
+        return None
+    return pod_gpu_request(body)
+
+
 def _pinned_zone(spec: Mapping[str, Any]) -> str | None:
     """The one zone a pod's required node affinity allows, if it names exactly one."""
     required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
@@ -154,3 +163,48 @@ def pod_priority(body: Mapping[str, Any]) -> int:
     (the scheduler preempts pods of lower priority for it); 0 when unset."""
     value = (body.get("spec") or {}).get("priority")
     return int(value) if isinstance(value, int) else 0
+
+
+@dataclass(frozen=True)
+class GpuUse:
+    """GPUs that pods hold or will take, as one read of them saw it."""
+
+    in_use: Mapping[str, int] = field(default_factory=dict)  # node -> GPUs of bound pods
+    priorities: Mapping[str, int] = field(default_factory=dict)  # node -> highest priority
+    reservations: tuple[tuple[str, str, int], ...] = ()  # (GPUPool, zone, GPUs), unbound
+
+
+def gpu_use(pods: Iterable[Mapping[str, Any]]) -> GpuUse:
+    """What `pods` (API dicts) hold per node once bound (`pod_gpu_request`, with their
+    priority) and reserve per pool and zone while unbound (`pod_gpu_reservation`)."""
+    in_use: dict[str, int] = {}
+    priorities: dict[str, int] = {}
+    reservations: list[tuple[str, str, int]] = []
+    for body in pods:
+        held = pod_gpu_request(body)
+        if held is not None:
+            node, gpus = held
+            in_use[node] = in_use.get(node, 0) + gpus
+            priority = pod_priority(body)
+            priorities[node] = max(priorities.get(node, priority), priority)
+            continue
+        reservation = pod_gpu_reservation(body)
+        if reservation is not None:
+            reservations.append(reservation)
+    return GpuUse(in_use, priorities, tuple(reservations))
+
+
+def busiest(*views: Mapping[str, int]) -> dict[str, int]:
+    """Per node, the largest value any view gives (GPUs in use, or the highest priority):
+    views of the same pods read at different moments, none of which may be missed."""
+    result: dict[str, int] = {}
+    for view in views:
+        for node, value in view.items():
+            result[node] = max(result.get(node, value), value)
+    return result
+
+
+def held_priorities(priorities: Mapping[str, int], in_use: Mapping[str, int]) -> dict[str, int]:
+    """`priorities` (node -> highest priority of its GPU pods) of the nodes `in_use` says
+    are held: a node whose pods are gone counts free, never preemptible as well."""
+    return {node: value for node, value in priorities.items() if in_use.get(node, 0) > 0}

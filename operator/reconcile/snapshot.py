@@ -9,6 +9,9 @@ An autoscaled GPUPool adds the nodes it may still create as obtainable nodes (wi
 provisioning time). GPUs reserved by workers that were created and are not bound yet
 (another job's plan) are taken off first the free nodes (where the scheduler would put
 them), then the obtainable ones, in whole nodes: two jobs never count the same capacity.
+A planning pass reads the live workers fresh and corrects the statuses with them
+(`with_reservations` for the unbound ones, `with_in_use` for the bound ones), because the
+GPUPool status that counts a worker's node as busy is written a moment after it binds.
 """
 
 from __future__ import annotations
@@ -67,6 +70,34 @@ def with_reservations(
             for zone in pool.status.zones
         )
         status = pool.status.model_copy(update={"zones": zones})
+        result.append(pool.model_copy(update={"status": status}))
+    return tuple(result)
+
+
+def with_in_use(
+    pools: Sequence[GPUPool], nodes: Mapping[str, NodeInfo], in_use: Mapping[str, int]
+) -> tuple[GPUPool, ...]:
+    """`pools` with each zone's nodesFree counted again from `nodes` and `in_use` (node ->
+    GPUs its bound pods hold), both read fresher than the written status: a worker that has
+    just bound holds its node, and one that has just gone frees it, before the status says
+    so. At most the zone's ready nodes as the status counts them: a node that joined since
+    is still among the nodes the pool may add (nodesPossible) until the status is
+    rewritten, and must not count twice."""
+    result = []
+    for pool in pools:
+        zones = []
+        for zone in pool.status.zones:
+            idle = sum(
+                1
+                for node in nodes.values()
+                if (node.zone or "unknown") == zone.zone
+                and node.schedulable
+                and selects(pool, node)
+                and node.gpus_allocatable >= zone.gpus_per_node > 0
+                and in_use.get(node.name, 0) == 0
+            )
+            zones.append(zone.model_copy(update={"nodes_free": min(zone.nodes_ready, idle)}))
+        status = pool.status.model_copy(update={"zones": tuple(zones)})
         result.append(pool.model_copy(update={"status": status}))
     return tuple(result)
 

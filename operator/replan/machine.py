@@ -207,7 +207,7 @@ def _step(
     if state.phase == PHASE_DRAINING:
         return _draining(state, inputs, now, context)
     if state.phase == PHASE_SWITCHING:
-        return _switching(state, inputs, now)
+        return _switching(state, inputs, now, context)
     if state.phase == PHASE_WAITING:
         return _waiting(state, inputs, now, context)
     return state, []
@@ -592,7 +592,7 @@ def _resume(
 
 
 def _switching(
-    state: ReplanState, inputs: ReplanInputs, now: datetime
+    state: ReplanState, inputs: ReplanInputs, now: datetime, context: ReplanContext
 ) -> tuple[ReplanState, list[Action]]:
     if state.not_before is not None and now < state.not_before:
         return state, []
@@ -605,6 +605,17 @@ def _switching(
     live = _live(others)
     if others:
         return state, [DeletePods(live)] if live else []
+    shortfall = t.plan_shortfall(plan, inputs.cluster)
+    if shortfall:
+        # The target was chosen before the old pods were gone; meanwhile another job (one
+        # of higher rank whose pass came later) took capacity it counted on. Plan again on
+        # what is left instead of creating workers that would wait for those nodes.
+        trigger = t.Trigger(t.CAPACITY_LOST, "; ".join(shortfall), involuntary=True, graceful=False)
+        new, actions = _replan(state, dataclasses.replace(inputs, plan=None), now, context, trigger)
+        if new.phase == PHASE_WAITING:
+            # The target's number stays taken (its switch is in the history), its plan goes.
+            new = new.model_copy(update={"target_plan": None, "target_attempt": None})
+        return new, actions
     running = state.model_copy(
         update={
             "phase": PHASE_RUNNING,

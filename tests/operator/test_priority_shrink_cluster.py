@@ -62,6 +62,7 @@ def test_when_capacity_shrinks_the_higher_priority_job_replans_first(
             running_on(k8s_api, namespace, "b-high", pool),
             180,
         )
+        low_generation = get_job(k8s_api, namespace, "a-low")["status"]["plan"]["generation"]
 
         # A fresh node joins, and every node the jobs started on is preempted at once: one
         # node of 4 GPUs is left, room for one job's plan.
@@ -84,7 +85,9 @@ def test_when_capacity_shrinks_the_higher_priority_job_replans_first(
         )
         assert not {p.metadata.uid for p in replaced} & {p.metadata.uid for p in high_pods}
         # The low-priority job waited for it, then found nothing left: it waits with a
-        # reason and holds nothing on that node.
+        # reason, holds nothing on that node and never switched to a plan of its own there
+        # (each pass reads every live worker, so the other job's workers hold the node from
+        # the moment they bind, before the GPUPool status counts them).
         wait_for(
             "the low-priority job waiting for capacity",
             lambda: (
@@ -93,14 +96,11 @@ def test_when_capacity_shrinks_the_higher_priority_job_replans_first(
             ),
             120,
         )
+        status = get_job(k8s_api, namespace, "a-low")["status"]
+        assert status["plan"]["generation"] == low_generation, status.get("history")
         assert not [p for p in pods_of(k8s_api, namespace, "a-low") if p.spec.node_name == spare]
         # ... and the high-priority job keeps the node, with the same workers.
         still = running_on(k8s_api, namespace, "b-high", pool)()
         assert still and {p.metadata.uid for p in still} == {p.metadata.uid for p in replaced}
-        # Which job's pass plans first is tested without a cluster (test_contention.py): here
-        # the low-priority job may still switch once onto the node the other job's workers
-        # have just bound, because the GPUPool status that counts bound workers is written a
-        # moment later (a known window, docs/guide/autoscaling.md); its workers are then
-        # refused and removed, as asserted above.
     finally:
         release_then_reset(k8s_api, namespace, local_cluster)

@@ -184,13 +184,51 @@ def test_voluntary_switch_drains_then_switches(plan1: Plan) -> None:
     assert switching.last_drain_seconds == 40.0  # measured, reused as the next restart cost
     assert actions == (m.DeletePods(names(pods(job, plan1, 1))),)
 
-    # ...and once it is gone, creates generation 2 and runs it.
-    inputs = observe(job, plan1, [], nodes(4), grown)
+    # ...and once it is gone (its node free again: the pass counts nodes from the live
+    # pods, not from the status written before), creates generation 2 and runs it.
+    inputs = observe(job, plan1, [], nodes(4), [gpupool(4, 4)])
     running, actions = replay(switching, inputs, NOW + timedelta(seconds=50))
     assert (running.phase, running.generation, running.attempt) == ("Running", 2, 0)
     create = actions[0]
     assert isinstance(create, m.CreateChildren) and (create.generation, create.attempt) == (2, 0)
     assert create.plan.world_size > plan1.world_size
+
+
+def switching_to_four_nodes(job: TrainingJob, plan1: Plan) -> ReplanState:
+    """A switch from plan1 (one node) to a plan on four, its old pod being deleted."""
+    old = pods(job, plan1, 1)
+    state, _ = replay(
+        running_state(job, plan1), observe(job, plan1, old, nodes(4), [gpupool(4, 3)]), NOW
+    )
+    assert state.phase == "Draining"
+    for body in old:
+        body["status"] = {"phase": "Succeeded"}
+    switching, _ = replay(state, observe(job, plan1, old, nodes(4), [gpupool(4, 3)]), NOW)
+    target = switching.target()
+    assert switching.phase == "Switching" and target is not None and target.world_size == 16
+    return switching
+
+
+@pytest.mark.parametrize("left", [0, 1])
+def test_a_switch_whose_capacity_was_taken_meanwhile_plans_again(plan1: Plan, left: int) -> None:
+    # While the old pod went, another job (of higher rank, whose pass came later) took
+    # nodes the target counted on: only `left` free nodes remain when the old pod is gone.
+    # The target's workers are not created to wait for nodes they will not get: the job
+    # plans again on what is left, or waits.
+    job = make_job()
+    switching = switching_to_four_nodes(job, plan1)
+    inputs = observe(job, plan1, [], nodes(4), [gpupool(4, left)])
+    after, actions = replay(switching, inputs, NOW + timedelta(seconds=10))
+    created = [a for a in actions if isinstance(a, m.CreateChildren)]
+    assert all(not t.plan_shortfall(a.plan, inputs.cluster) for a in created)
+    if left == 0:
+        assert (after.phase, after.generation, created) == ("Waiting", 1, [])
+        assert after.trigger == t.CAPACITY_LOST and m.job_phase(after) == "Unschedulable"
+        assert after.target() is None
+    else:
+        # Generation 2 was announced (its switch is in the history): the new plan is 3.
+        assert (after.phase, after.generation, after.trigger) == ("Running", 3, t.CAPACITY_LOST)
+        assert [(a.generation, a.plan.world_size) for a in created] == [(3, GPUS_PER_NODE)]
 
 
 def draining_state(job: TrainingJob, plan: Plan) -> ReplanState:
