@@ -133,7 +133,7 @@ class Trainer:
         dist.all_reduce(torch.zeros(1, device=device))
         stage = plan.stages[self.layout.stage]
         self.model = StageModel(plan.model, stage.layer_start, stage.layer_end, self.groups.tp)
-        self.model.recompute = stage.recompute == "full"
+        self.model.set_recompute(stage.recompute)
         self.model.initialise(config.seed)
         # 16-bit parameters (Plan.half_parameters): the fp32 initialisation rounded, as
         # DeepSpeed's bf16/fp16 mode holds a model built in fp32 and cast

@@ -120,6 +120,21 @@ def _apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
     return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
 
 
+def attention_core(recompute: bool, core: Any, *args: object) -> torch.Tensor:
+    """An attention module's core (QK^T, softmax, attention over V: the scaled dot product
+    and, with grouped-query attention, the K/V heads it repeats). Under selective
+    recomputation (Stage.recompute == "selective", the module's `recompute_core`) it runs
+    through torch.utils.checkpoint: the backward keeps only the core's inputs (Q, K, V, the
+    mask) and runs the core again; the projections around it keep their activations
+    (Megatron-LM's selective recomputation; the simulator prices it:
+    planner/profiles/selective.py)."""
+    if recompute and torch.is_grad_enabled():
+        out: torch.Tensor = checkpoint(core, *args, use_reentrant=False)
+        return out
+    result: torch.Tensor = core(*args)
+    return result
+
+
 class Attention(nn.Module):
     cos: torch.Tensor
     sin: torch.Tensor
@@ -136,6 +151,7 @@ class Attention(nn.Module):
         self.k_proj = ColumnParallelLinear(h, spec.kv_heads * d, bias, tp)
         self.v_proj = ColumnParallelLinear(h, spec.kv_heads * d, bias, tp)
         self.o_proj = RowParallelLinear(spec.num_heads * d, h, bias, tp)
+        self.recompute_core = False  # StageModel.set_recompute
         self.rotary = spec.position_embedding == "rotary"
         if self.rotary:
             cos, sin = _rotary_tables(spec)
@@ -151,14 +167,17 @@ class Attention(nn.Module):
         if self.rotary:
             q = _apply_rotary(q, self.cos, self.sin)
             k = _apply_rotary(k, self.cos, self.sin)
+        y = attention_core(self.recompute_core, self._core, q, k, v)
+        y = y.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
+        out: torch.Tensor = self.o_proj(y)
+        return out
+
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.kv_heads != self.heads:
             group = self.heads // self.kv_heads
             k = k.repeat_interleave(group, dim=1)
             v = v.repeat_interleave(group, dim=1)
-        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        y = y.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
-        out: torch.Tensor = self.o_proj(y)
-        return out
+        return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 class MLP(nn.Module):
@@ -392,8 +411,17 @@ class StageModel(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.reads_data = bool(data_layers(spec) & set(self.layer_indices))
         # Stage.recompute == "full": each layer keeps only its input for the backward and
-        # runs its forward again there (the simulator prices this: CostModel.stage_seconds)
+        # runs its forward again there (the simulator prices this: CostModel.stage_seconds);
+        # "selective": the attention modules' cores only (set_recompute)
         self.recompute = False
+
+    def set_recompute(self, mode: str) -> None:
+        """Stage.recompute: "full" checkpoints every layer, "selective" only the attention
+        cores of the stage's attention modules (their `recompute_core`), "none" neither."""
+        self.recompute = mode == "full"
+        for module in self.modules():
+            if hasattr(module, "recompute_core"):
+                setattr(module, "recompute_core", mode == "selective")  # noqa: B010
 
     @property
     def has_head(self) -> bool:

@@ -40,6 +40,7 @@ from sailplan.trainer.model import (
     StageLayer,
     State,
     _norm,
+    attention_core,
 )
 from sailplan.trainer.tp import (
     ColumnParallelLinear,
@@ -103,6 +104,7 @@ class T5Attention(nn.Module):
         self.k_proj = ColumnParallelLinear(h, spec.num_heads * d, False, tp)
         self.v_proj = ColumnParallelLinear(h, spec.num_heads * d, False, tp)
         self.o_proj = RowParallelLinear(spec.num_heads * d, h, False, tp)
+        self.recompute_core = False  # StageModel.set_recompute
 
     def forward(
         self, x: torch.Tensor, source: torch.Tensor | None, bias: torch.Tensor | None
@@ -114,9 +116,16 @@ class T5Attention(nn.Module):
         q = self.q_proj(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(kv).view(b, k_len, self.heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(kv).view(b, k_len, self.heads, self.head_dim).transpose(1, 2)
-        y = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)
+        y = attention_core(self.recompute_core, _core, q, k, v, bias)
         out: torch.Tensor = self.o_proj(y.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
         return out
+
+
+def _core(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """T5's attention core: unscaled, with the position bias (and mask) added to the scores."""
+    return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)
 
 
 def _causal(bias: torch.Tensor) -> torch.Tensor:
