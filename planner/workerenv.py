@@ -38,6 +38,9 @@ METRIC_STEP: Final = "sailplan_trainer_step"  # completed steps; 0 before the fi
 METRIC_LOSS: Final = "sailplan_trainer_loss"
 METRIC_SAMPLES_PER_SECOND: Final = "sailplan_trainer_samples_per_second"
 METRIC_LAST_CHECKPOINT: Final = "sailplan_trainer_last_checkpoint_step"  # 0: none yet
+# GPU energy of the last step summed over every rank's GPU (NVML total energy counters,
+# sailplan.trainer.energy); served only once every rank measured a step.
+METRIC_STEP_ENERGY: Final = "sailplan_trainer_step_energy_joules"
 # Global rank 0 also keeps its latest TrainerProgress (JSON) in its container's termination
 # message file, which the kubelet copies into the pod status when the trainer exits: the
 # operator reads the final steps from there, after the endpoint is gone. The Kubernetes
@@ -99,3 +102,5 @@ class TrainerProgress(BaseModel):
     samples_per_second: float | None = None
     last_checkpoint_step: int | None = None
     plan_generation: int = 0
+    # GPU joules of the last step over all ranks (METRIC_STEP_ENERGY); None: not measured
+    joules_per_step: float | None = None

@@ -6,8 +6,9 @@ them, as torch.distributed requires), builds and initialises its stage's layers 
 rank, restores the newest complete checkpoint if there is one (whatever plan wrote it), and
 then per step: the 1F1B schedule, the DP gradient reduction and optimizer update (DeepSpeed
 ZeRO-1 by default, see sailplan.trainer.optimizer),
-and one small world all-reduce that carries the stop flag and the loss (so every rank
-agrees on when to stop and knows the global loss). Called by sailplan.trainer.train.
+and one small world all-reduce (sailplan.trainer.control) that carries the stop flag, the
+loss and each rank's GPU energy of the step (so every rank agrees on when to stop, and rank
+0 reports the global loss and the job's joules per step). Called by sailplan.trainer.train.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from sailplan.trainer.checkpoint import (
     gather_full,
     restore_state,
 )
+from sailplan.trainer.control import reduce_step
+from sailplan.trainer.energy import gpu_meter
 from sailplan.trainer.layout import RankLayout, dp_groups, rank_layout, tp_groups
 from sailplan.trainer.model import (
     StageModel,
@@ -183,6 +186,8 @@ class Trainer:
             keep=config.checkpoints_to_keep,
         )
         self.reporter = Reporter(rank=rank, local_rank=local_rank, generation=generation)
+        # this rank's GPU energy counter (off on the CPU or without NVML)
+        self.energy = gpu_meter(device)
         # autocast over fp32 master weights (the parameters, or the optimizer's copies of
         # 16-bit ones); fp16 with a loss scale, divided out in fp32
         self.precision = MixedPrecision(
@@ -343,27 +348,31 @@ class Trainer:
     def _loop(self, start: int) -> str:
         interval = self.config.checkpoint_interval_steps
         reason = "finished"
+        self.energy.start()
         for step in range(start, self.config.steps):
             began = time.perf_counter()
             loss = self.train_step(step)
             stopping = self.stop.requested()
             owns_loss = self.layout.is_last_stage and self.layout.tp_rank == 0
-            flags = torch.tensor(
-                [1.0 if stopping else 0.0, loss / self.plan.data_parallel if owns_loss else 0.0],
-                dtype=torch.float64,
+            totals = reduce_step(
+                stopping=stopping,
+                loss_share=loss / self.plan.data_parallel if owns_loss else 0.0,
+                joules=self.energy.step(),
+                group=self.groups.control,
+                world_size=self.plan.world_size,
             )
-            dist.all_reduce(flags, group=self.groups.control)
             done = step + 1
             seconds = time.perf_counter() - began
             self.checkpointer.poll()
             self.reporter.step(
                 done,
-                float(flags[1]),
+                totals.loss,
                 self.plan.global_batch_size / seconds,
                 self.checkpointer.last_complete,
                 seconds,
+                joules=totals.joules,
             )
-            stop_now = bool(flags[0] > 0)
+            stop_now = totals.stop
             last = done == self.config.steps
             if stop_now or last or done % interval == 0:
                 self.save(done, wait=stop_now or last)

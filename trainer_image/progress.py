@@ -2,7 +2,9 @@
 
 Every worker's local rank 0 serves the workerenv.METRIC_* gauges on SAILPLAN_METRICS_PORT
 (0 disables); worker 0's are global rank 0's, which the operator reads into the
-TrainingJob's status.progress. Global rank 0 also writes its progress after every step into
+TrainingJob's status.progress (the GPU energy of the step, summed over the ranks by the
+engine's control all-reduce, among them once measured: sailplan.trainer.energy). Global
+rank 0 also writes its progress after every step into
 its container's termination message (workerenv.TERMINATION_LOG), so the steps the operator
 had not scraped yet when the trainer exits reach status.progress from the pod status. The
 trainer itself makes no API call (its pods mount no service-account token). Called by the
@@ -25,6 +27,7 @@ from sailplan.planner.workerenv import (
     METRIC_LOSS,
     METRIC_SAMPLES_PER_SECOND,
     METRIC_STEP,
+    METRIC_STEP_ENERGY,
     METRICS_PORT,
     TERMINATION_LOG,
     TrainerProgress,
@@ -36,6 +39,8 @@ _GAUGES = {
     METRIC_SAMPLES_PER_SECOND: "training throughput",
     METRIC_LAST_CHECKPOINT: "newest complete checkpoint",
 }
+# Served only once set: no series means not measured (0 J would read as a measurement).
+_OPTIONAL = {METRIC_STEP_ENERGY: "GPU energy of the last step over all ranks, joules"}
 
 
 class Metrics:
@@ -46,12 +51,15 @@ class Metrics:
         from prometheus_client import CollectorRegistry, start_http_server
 
         self._lock = threading.Lock()
-        self._values = dict.fromkeys(_GAUGES, 0.0)
+        self._values: dict[str, float | None] = {
+            **dict.fromkeys(_GAUGES, 0.0),
+            **dict.fromkeys(_OPTIONAL),
+        }
         self.registry = CollectorRegistry()
         self.registry.register(self)
         start_http_server(port, registry=self.registry)
 
-    def set(self, values: dict[str, float]) -> None:
+    def set(self, values: dict[str, float | None]) -> None:
         with self._lock:
             self._values.update(values)
 
@@ -60,8 +68,10 @@ class Metrics:
 
         with self._lock:
             values = dict(self._values)
-        for name, help_text in _GAUGES.items():
-            yield GaugeMetricFamily(name, help_text, value=values[name])
+        for name, help_text in (_GAUGES | _OPTIONAL).items():
+            value = values[name]
+            if value is not None:
+                yield GaugeMetricFamily(name, help_text, value=value)
 
 
 class Reporter:
@@ -83,12 +93,17 @@ class Reporter:
         samples_per_second: float,
         last_checkpoint: int | None,
         seconds: float,
+        *,
+        joules: float | None = None,
     ) -> None:
+        """After step `step`; `joules`: the GPU energy of this step over all ranks (None:
+        not measured, and the energy gauge goes away)."""
         if self.metrics is not None:
-            values = {
+            values: dict[str, float | None] = {
                 METRIC_STEP: float(step),
                 METRIC_LOSS: loss,
                 METRIC_SAMPLES_PER_SECOND: samples_per_second,
+                METRIC_STEP_ENERGY: joules,
             }
             if last_checkpoint is not None:
                 values[METRIC_LAST_CHECKPOINT] = float(last_checkpoint)
@@ -102,6 +117,7 @@ class Reporter:
                 samples_per_second=samples_per_second,
                 last_checkpoint_step=last_checkpoint,
                 plan_generation=self.generation,
+                joules_per_step=joules,
             )
         )
         self.event(
@@ -111,6 +127,7 @@ class Reporter:
             samples_per_second=round(samples_per_second, 3),
             step_seconds=round(seconds, 4),
             last_checkpoint_step=last_checkpoint,
+            joules=None if joules is None else round(joules, 3),
         )
 
     def _final(self, progress: TrainerProgress) -> None:

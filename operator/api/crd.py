@@ -180,6 +180,13 @@ def trainingjob_crd() -> dict[str, Any]:
                 "predicted cost per hour",
                 priority=1,
             ),
+            _column(
+                "J/Step",
+                "number",
+                ".status.progress.joulesPerStep",
+                "measured GPU energy of the last step (all ranks)",
+                priority=1,
+            ),
         ],
         root_rules=trainingjob.OBJECT_RULES,
         legacy_status=_legacy_memory(),

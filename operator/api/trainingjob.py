@@ -797,8 +797,8 @@ class PlanSummary(StatusModel):
     predicted_joules_per_iteration: DisplayNumber = Field(
         default=None,
         description="GPU energy of one iteration at the plan's no-slowdown clocks (set when "
-        "the job asks for energy: objective Energy or energy.clocks NoSlowdown); the node "
-        "agent's sailplan_gpu_energy_per_step_joules is the measured counterpart",
+        "the job asks for energy: objective Energy or energy.clocks NoSlowdown); "
+        "status.progress.joulesPerStep is the measured counterpart",
     )
     predicted_joules_per_iteration_default: DisplayNumber = Field(
         default=None, description="the same at default clocks"
@@ -822,6 +822,13 @@ class Progress(StatusModel):
     loss: float | None = None
     samples_per_second: DisplayNumber = None
     last_checkpoint_step: int | None = None
+    joules_per_step: DisplayNumber = Field(
+        default=None,
+        description="measured GPU energy of the last step, summed over every rank's GPU "
+        "(NVML total energy counters read by the trainer at step boundaries); unset when "
+        "some rank cannot read its counter (no GPU or no NVML). Compare "
+        "plan.predictedJoulesPerIteration",
+    )
     time: datetime | None = Field(
         default=None,
         description="when the operator first read this step from rank 0; a rank 0 it "

@@ -41,6 +41,7 @@ from sailplan.planner.workerenv import (
     METRIC_LOSS,
     METRIC_SAMPLES_PER_SECOND,
     METRIC_STEP,
+    METRIC_STEP_ENERGY,
     METRICS_PORT,
     METRICS_PORT_NAME,
     TrainerProgress,
@@ -51,7 +52,13 @@ log = logging.getLogger("sailplan.operator")
 JobKey = tuple[str, str]
 # Running worker 0 of every TrainingJob (the Kube list the reader makes each round).
 RANK0_SELECTOR = f"{naming.LABEL_ROLE}={naming.ROLE_WORKER},{naming.LABEL_WORKER}=0"
-_GAUGES = (METRIC_STEP, METRIC_LOSS, METRIC_SAMPLES_PER_SECOND, METRIC_LAST_CHECKPOINT)
+_GAUGES = (
+    METRIC_STEP,
+    METRIC_LOSS,
+    METRIC_SAMPLES_PER_SECOND,
+    METRIC_LAST_CHECKPOINT,
+    METRIC_STEP_ENERGY,
+)
 MAX_BODY = 1 << 20  # the trainer's page is a few KiB; a bigger answer is not the trainer
 
 
@@ -92,7 +99,8 @@ def parse_progress(text: str) -> TrainerProgress | None:
     """TrainerProgress from the trainer's Prometheus text, or None before its first step.
 
     The gauges start at 0: step 0 means no step completed yet (a resumed trainer too, until
-    its first step), and checkpoint step 0 means none."""
+    its first step), and checkpoint step 0 means none. The energy gauge is there only once
+    every rank measured a step (sailplan.trainer.energy); a negative one is not a reading."""
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -107,6 +115,7 @@ def parse_progress(text: str) -> TrainerProgress | None:
         return value if value is not None and math.isfinite(value) else None
 
     checkpoint = finite(METRIC_LAST_CHECKPOINT)
+    joules = finite(METRIC_STEP_ENERGY)
     return TrainerProgress(
         step=int(step),
         loss=finite(METRIC_LOSS),
@@ -114,6 +123,7 @@ def parse_progress(text: str) -> TrainerProgress | None:
         last_checkpoint_step=int(checkpoint)
         if checkpoint is not None and checkpoint >= 1
         else None,
+        joules_per_step=joules if joules is not None and joules >= 0 else None,
     )
 
 

@@ -301,6 +301,7 @@ class Runtime:
         self.contenders.pop(key, None)
         self.pod_phases.pop(key, None)
         metrics.publish_pod_phases(self.pod_phases.values())
+        metrics.forget_job_energy(key)
 
     def _requeue_later(self, key: JobKey) -> Callable[[float], None]:
         def requeue_after(seconds: float) -> None:
@@ -454,6 +455,7 @@ class Runtime:
             "Failed": workers.failed,
         }
         metrics.publish_pod_phases(self.pod_phases.values())
+        metrics.publish_job_energy(key, outcome.status)
 
     async def discover_capacity_requests(self) -> None:
         """Whether ProvisioningRequests are served, asked once at start as Kopf does."""

@@ -1062,6 +1062,7 @@ def _run(
             loss=reported.loss,
             samples_per_second=reported.samples_per_second,
             last_checkpoint_step=reported.last_checkpoint_step,
+            joules_per_step=reported.joules_per_step,
             time=rank0.progress_time,
         )
     status = status.model_copy(

@@ -38,7 +38,7 @@ from sailplan.operator.reconcile.trainingjob import Observed, reconcile
 from sailplan.operator.replan.triggers import pod_facts
 from sailplan.planner.api import Planned
 from sailplan.planner.catalog import Catalog
-from sailplan.planner.plan import Plan
+from sailplan.planner.plan import EnergyPrediction, Plan
 from sailplan.planner.workerenv import TrainerProgress
 from sailplan.trainer.progress import Reporter
 
@@ -262,3 +262,93 @@ def test_a_finished_job_shows_rank_zeros_final_step_not_the_last_scrape(
     assert progress is not None
     assert (progress.step, progress.loss, progress.last_checkpoint_step) == (10, 2.5, 10)
     assert progress.time == T0 + timedelta(minutes=1)
+
+
+# -- measured energy per step, beside the prediction -------------------------------------------
+def test_the_trainers_energy_gauge_parses_only_when_served(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 serves the job's joules of the last step once every rank measured it; a step
+    without a measurement takes the gauge away again (no stale number)."""
+    port = free_port()
+    monkeypatch.setenv("SAILPLAN_METRICS_PORT", str(port))
+    reporter = Reporter(rank=0, local_rank=0, generation=1)
+    reporter.step(4, 3.0, 90.0, None, 0.1, joules=2750.25)
+    page = fetch(("127.0.0.1", port), 5.0)
+    assert "sailplan_trainer_step_energy_joules 2750.25" in page
+    assert parse_progress(page) == TrainerProgress(
+        step=4, loss=3.0, samples_per_second=90.0, joules_per_step=2750.25
+    )
+    reporter.step(5, 2.9, 91.0, None, 0.1)  # a rank could not read its counter
+    page = fetch(("127.0.0.1", port), 5.0)
+    assert "sailplan_trainer_step_energy_joules" not in page
+    assert parse_progress(page) == TrainerProgress(step=5, loss=2.9, samples_per_second=91.0)
+    negative = "sailplan_trainer_step 6\nsailplan_trainer_step_energy_joules -1\n"
+    assert parse_progress(negative) == TrainerProgress(step=6)
+
+
+def with_energy(plan: Plan, measured: float, default: float) -> Plan:
+    """The plan as the planner returns it for a job that asks for energy."""
+    assert plan.predictions is not None
+    energy = EnergyPrediction(
+        joules_per_iteration_default=default,
+        joules_per_iteration=measured,
+        iteration_seconds=plan.predictions.iteration_seconds,
+    )
+    return plan.model_copy(
+        update={"predictions": plan.predictions.model_copy(update={"energy": energy})}
+    )
+
+
+def test_measured_joules_per_step_reach_the_status_and_metrics_beside_the_prediction(
+    make_job: Callable[..., TrainingJob],
+    pools: tuple[GPUPool, ...],
+    plan: Plan,
+    catalog: Catalog,
+) -> None:
+    job = make_job()
+    planned = with_energy(plan, 1800.0, 2000.0)
+    first = reconcile(
+        Observed(job=job, pools=pools), RecordingPlanner(Planned(best=planned)), catalog, T0
+    )
+    created = list(first.create)
+    pods = [o for o in created if o["kind"] == "Pod"]
+    job = with_status(job, first)
+    running = observe(job, pools, created, dict.fromkeys(range(len(pods)), "Running"))
+    rank0_uid = next(p.uid for p in running.pods if p.worker_index == 0)
+
+    def status_with(reported: TrainerProgress) -> Any:
+        scraped = {rank0_uid: Reading(reported, T0)}
+        observed = dataclasses.replace(running, pods=attach(running.pods, scraped))
+        return reconcile(observed, refuse, catalog, T0 + timedelta(seconds=30)).status
+
+    status = status_with(TrainerProgress(step=7, loss=3.0, joules_per_step=1912.345))
+    assert status.progress is not None and status.plan is not None
+    assert status.progress.joules_per_step == 1910.0  # 3 significant digits, as displayed
+    assert status.plan.predicted_joules_per_iteration == 1800.0
+    written = status.model_dump(by_alias=True, mode="json")
+    assert written["progress"]["joulesPerStep"] == 1910.0
+
+    key = (job.namespace, job.name)
+
+    def sample(name: str, **labels: str) -> float | None:
+        value: float | None = metrics.REGISTRY.get_sample_value(
+            name, {"namespace": key[0], "trainingjob": key[1], **labels}
+        )
+        return value
+
+    measured = "sailplan_trainingjob_measured_energy_per_step_joules"
+    predicted = "sailplan_trainingjob_predicted_energy_per_step_joules"
+    metrics.publish_job_energy(key, status)
+    assert sample(measured) == 1910.0
+    assert sample(predicted, clocks="no-slowdown") == 1800.0
+    assert sample(predicted, clocks="default") == 2000.0
+
+    # A step without a measurement: the status keeps no number, the series goes.
+    status = status_with(TrainerProgress(step=8, loss=2.9))
+    assert status.progress is not None and status.progress.joules_per_step is None
+    metrics.publish_job_energy(key, status)
+    assert sample(measured) is None
+    assert sample(predicted, clocks="no-slowdown") == 1800.0
+
+    metrics.forget_job_energy(key)  # the job was deleted
+    assert sample(predicted, clocks="no-slowdown") is None
+    assert sample(predicted, clocks="default") is None
