@@ -1,4 +1,4 @@
-"""Token files at gs:// URLs, read through gcsfs from a GCS emulator on loopback.
+"""Token files (and checkpoints) at gs:// URLs, through gcsfs, on a GCS emulator on loopback.
 
 Why: the memory:// and local-file tests (test_trainer_data_fsspec.py) never run gcsfs, the
 library a pod reads a bucket with: its ranged HTTP downloads, its metadata calls, its
@@ -197,3 +197,39 @@ def test_training_on_gs_matches_the_local_file(
     assert from_gs == pytest.approx(losses(str(local), 1, "local-dp1"), rel=1e-5)
     # uniformly random tokens: the loss starts near ln(64), so the file was really read
     assert from_gs[0] == pytest.approx(np.log(TINY.vocab_size), abs=0.1)
+
+
+@pytest.mark.trainer
+def test_checkpoints_on_gs_resume_on_the_uninterrupted_curve(
+    emulator: gcs_emulator.GcsEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """spec.checkpoint.storage.uri gs://...: DCP's fsspec writer saves each step's shards and
+    the completeness marker to the bucket, and a restart resumes from the newest one there."""
+    fs = emulator.filesystem()
+    if not fs.exists(BUCKET):
+        fs.mkdir(BUCKET)
+    for name, value in emulator.env().items():
+        monkeypatch.setenv(name, value)
+    plan = make_plan(
+        TINY, [(0, 3, 1), (3, 6, 1)], data_parallel=1, micro_batch_size=2, global_batch_size=8
+    )
+
+    def config(steps: int, checkpoint_dir: str) -> TrainerConfig:
+        return TrainerConfig(
+            steps=steps,
+            learning_rate=1e-3,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_interval_steps=2,
+        )
+
+    whole = run_plan(plan, config(5, str(tmp_path / "local")), tmp_path / "whole").losses
+    url = f"gs://{BUCKET}/ckpt/run"
+    run_plan(plan, config(3, url), tmp_path / "first")
+    written = sorted(p.rsplit("/", 1)[-1] for p in fs.find(f"{BUCKET}/ckpt/run/step-000000003"))
+    assert "sailplan-complete.json" in written and ".metadata" in written
+    # DCP's files are __<rank>_<writer thread>.distcp: every rank wrote its shards
+    ranks = {int(n.split("_")[2]) for n in written if n.endswith(".distcp")}
+    assert ranks == set(range(plan.world_size))
+    resumed = run_plan(plan, config(5, url), tmp_path / "second", generation=1)
+    assert resumed.event("restored")["path"] == f"{url}/step-000000003"
+    assert [resumed.losses[4], resumed.losses[5]] == pytest.approx([whole[4], whole[5]], rel=1e-6)
