@@ -14,7 +14,9 @@ its requests Accepted, one per loop (cluster-autoscaler processors/provreq: one 
 loop of --scan-interval, 10 s by default), so a request still without any condition
 `acceptanceTimeoutSeconds` after its creation, while no request of its class has one, is
 taken as not served: its zone backs off like a Failed request's, the job says
-ProvisioningClassNotServed, and the pool's ProvisioningClassServed condition is False.
+ProvisioningClassNotServed, and the pool's ProvisioningClassServed condition is False. The
+job's own ProvisioningClassServed condition (`job_class_condition`) is re-derived from its
+pools' each pass, so it holds across the job's replans while the class is still not served.
 
 Pure: `capacity_requests` renders the objects from the worker pods the reconcile rendered,
 `request_state` reads a request's conditions, `verdicts` finds the requests no autoscaler
@@ -32,8 +34,8 @@ from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
 from sailplan.operator.api.common import GROUP as SAILPLAN_GROUP
-from sailplan.operator.api.common import Condition
-from sailplan.operator.api.gpupool import ProvisioningRequestOptions
+from sailplan.operator.api.common import Condition, find_condition
+from sailplan.operator.api.gpupool import GPUPool, ProvisioningRequestOptions
 from sailplan.operator.reconcile import naming
 from sailplan.operator.reconcile.nodes import created_at, pod_gpu_reservation
 
@@ -73,6 +75,7 @@ KNOWN_CLASSES: Final = (
 # answers requests of the pool's class.
 CLASS_SERVED: Final = "ProvisioningClassServed"
 REASON_ANSWERED: Final = "Answered"
+REASON_NONE_UNANSWERED: Final = "NoneUnanswered"  # the job's condition, once none is False
 REASON_NOT_ASKED_YET: Final = "NotAskedYet"
 REASON_UNKNOWN_CLASS: Final = "UnknownProvisioningClass"
 CLASS_FIELD: Final = "spec.autoscaling.provisioningRequest.className"
@@ -291,6 +294,35 @@ def not_served_message(request: Unanswered) -> str:
         f"{request.seconds} s (none of that class has a condition): install the autoscaler "
         f"that serves it, or set {CLASS_FIELD} of GPUPool {request.gpupool} to a class that "
         f"one serves ({', '.join(KNOWN_CLASSES)})"
+    )
+
+
+def job_class_condition(pools: Sequence[GPUPool], previous: Condition | None) -> Condition | None:
+    """The TrainingJob's ProvisioningClassServed condition from the GPUPools it may use
+    (`pools`): False with reason ProvisioningClassNotServed, naming the pool, while one of
+    them that asks for capacity through ProvisioningRequests says no autoscaler serves its
+    class (the pool's condition stays so until a request of the class is answered or the
+    pool's spec changes); True once none does, where the job showed it (`previous`); else
+    None, nothing to show."""
+    for pool in sorted(pools, key=lambda p: p.name):
+        autoscaling = pool.spec.autoscaling
+        if autoscaling is None or autoscaling.provisioning_request is None:
+            continue
+        served = find_condition(pool.status.conditions, CLASS_SERVED)
+        if served is not None and served.status == "False":
+            return Condition(
+                type=CLASS_SERVED,
+                status="False",
+                reason=REASON_CLASS_NOT_SERVED,
+                message=f"GPUPool {pool.name}: {served.message}",
+            )
+    if previous is None:
+        return None
+    return Condition(
+        type=CLASS_SERVED,
+        status="True",
+        reason=REASON_NONE_UNANSWERED,
+        message="no GPUPool the job may use asks for capacity of a class no autoscaler answers",
     )
 
 

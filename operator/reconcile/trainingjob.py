@@ -51,7 +51,7 @@ from sailplan.operator.api.trainingjob import (
 )
 from sailplan.operator.profiling.status import COND_PROFILING, ObservedJob
 from sailplan.operator.profiling.step import Collect, ProfilingStep, profiling_step, reserve
-from sailplan.operator.reconcile import kueue, naming
+from sailplan.operator.reconcile import kueue, naming, provisioning
 from sailplan.operator.reconcile.children import (
     Children,
     RenderError,
@@ -357,7 +357,25 @@ def reconcile(
         outcome = replace(
             outcome, events=tuple(e for e in outcome.events if e.reason != api.REASON_JOB_RESUMED)
         )
-    return _admitted(replace(mine, workloads=workloads), outcome, now)
+    outcome = _admitted(replace(mine, workloads=workloads), outcome, now)
+    return _class_served(observed, outcome, now)
+
+
+def _class_served(observed: Observed, outcome: Outcome, now: datetime) -> Outcome:
+    """The job's ProvisioningClassServed condition, re-derived from its GPUPools each pass
+    (reconcile.provisioning.job_class_condition): it holds across replans."""
+    if not outcome.managed or outcome.delete_job:
+        return outcome
+    try:
+        selected = select_pools(observed.job.spec.pools, observed.pools)
+    except PoolSelectionError:
+        return outcome
+    previous = find_condition(outcome.status.conditions, provisioning.CLASS_SERVED)
+    found = provisioning.job_class_condition(selected, previous)
+    if found is None:
+        return outcome
+    found = found.model_copy(update={"observed_generation": observed.job.generation})
+    return replace(outcome, status=_with_conditions(outcome.status, [found], now))
 
 
 def _admitted(observed: Observed, outcome: Outcome, now: datetime) -> Outcome:
