@@ -16,6 +16,9 @@ prices the energy of every `--pool` pool (and of cluster-file pools without thei
 usd_per_kwh), which the cost figures and the cost objective then include.
 `--objective energy` (needs `--min-throughput`) is the search's energy objective: the least
 GPU energy per iteration at no-slowdown clocks among plans above the floor.
+`--max-slowdown F` (a fraction, 0 to 1; implies --energy) moves both to another point of the
+time-energy frontier, as a TrainingJob's spec.energy.maxSlowdown does: the least energy with
+the iteration at most (1 + F) x its default-clock time and above the throughput floor.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from sailplan.planner.api import Infeasible, Objective, PlanRequest, make_plan
 from sailplan.planner.catalog import Catalog, CatalogError, default_catalog
 from sailplan.planner.cli_energy import (
     attach,
+    check_max_slowdown,
     check_price,
     context_for,
     energy_lines,
@@ -141,13 +145,31 @@ def plan_command(
         Path | None,
         typer.Option("--frontier-png", help="plot the best plan's time-energy frontier (PNG)"),
     ] = None,
+    max_slowdown_text: Annotated[
+        str | None,
+        typer.Option(
+            "--max-slowdown",
+            metavar="FRACTION",
+            help="trade time for energy: the least energy with the iteration at most "
+            "(1 + FRACTION) x as long, 0 to 1 (0.05 = 5%; as spec.energy.maxSlowdown); "
+            "implies --energy",
+        ),
+    ] = None,
 ) -> None:
     """Find the best parallel plan for a model on a cluster."""
     catalog = default_catalog()
     energy_objective = objective == ObjectiveKind.energy
-    energy = energy or energy_objective or energy_price is not None or frontier_png is not None
+    energy = (
+        energy
+        or energy_objective
+        or energy_price is not None
+        or frontier_png is not None
+        or max_slowdown_text is not None
+    )
+    max_slowdown = 0.0
     try:
         check_price(energy_price)
+        max_slowdown = check_max_slowdown(max_slowdown_text)
         if energy_objective and not min_throughput:
             _fail("--objective energy needs a throughput floor: give --min-throughput")
         spec = _model(catalog, model, model_file)
@@ -174,6 +196,7 @@ def plan_command(
             top_k=top,
             max_pipeline_depth=max_pipeline_depth,
             memory_options=memory_options,
+            energy_max_slowdown=max_slowdown,
         )
     except (InputError, CatalogError) as error:
         _fail(str(error))
@@ -193,7 +216,13 @@ def plan_command(
             shown = []
             for index, plan in enumerate(plans):
                 context = context_for(plan, snapshot, measured, catalog)
-                report = report_for(plan, context, frontier=index == 0 and frontier_png is not None)
+                report = report_for(
+                    plan,
+                    context,
+                    frontier=index == 0 and frontier_png is not None,
+                    max_slowdown=max_slowdown,
+                    max_iteration_seconds=global_batch / min_throughput if min_throughput else None,
+                )
                 if not energy_objective:
                     plan = attach(plan, context, report)
                 shown.append(plan)

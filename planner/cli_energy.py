@@ -2,7 +2,8 @@
 
 Called only by planner/cli.py. The energy model and the frequency planner are pure
 (planner/energy); this edge puts `--energy-price` on the cluster's pools, rebuilds the
-planning context of a chosen plan, renders the report as lines, and draws the frontier
+planning context of a chosen plan, prices it at `--max-slowdown`'s point of the frontier
+(TrainingJob spec.energy.maxSlowdown), renders the report as lines, and draws the frontier
 with matplotlib (imported here only, never by the planner core:
 `pip install 'sailplan[plot]'`). Every user mistake is an InputError with one line.
 """
@@ -10,8 +11,10 @@ with matplotlib (imported here only, never by the planner core:
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
+from sailplan.planner.api import MAX_ENERGY_SLOWDOWN
 from sailplan.planner.catalog import Catalog
 from sailplan.planner.cli_inputs import InputError
 from sailplan.planner.cli_sources import plan_context
@@ -28,6 +31,23 @@ FRONTIER_POINTS = 40
 def check_price(usd_per_kwh: float | None) -> None:
     if usd_per_kwh is not None and usd_per_kwh < 0:
         raise InputError(f"--energy-price {usd_per_kwh:g} USD/kWh is below zero")
+
+
+def check_max_slowdown(text: str | None) -> float:
+    """`--max-slowdown` as a fraction of the iteration time (0: not given); the bounds are
+    PlanRequest.energy_max_slowdown's, as the API server's for spec.energy.maxSlowdown."""
+    if text is None:
+        return 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value <= MAX_ENERGY_SLOWDOWN:  # NaN too
+        raise InputError(
+            f"--max-slowdown {text} is not a fraction from 0 to {MAX_ENERGY_SLOWDOWN:g} "
+            "of the iteration time (0.05 = at most 5% slower)"
+        )
+    return value
 
 
 def priced(snapshot: ClusterSnapshot, usd_per_kwh: float | None) -> ClusterSnapshot:
@@ -54,9 +74,23 @@ def context_for(
     return dataclasses.replace(context, profiles=profiles)
 
 
-def report_for(plan: Plan, context: PlanningContext, frontier: bool) -> EnergyReport:
+def report_for(
+    plan: Plan,
+    context: PlanningContext,
+    frontier: bool,
+    max_slowdown: float = 0.0,
+    max_iteration_seconds: float | None = None,
+) -> EnergyReport:
+    """The plan's energy report, its chosen point at `max_slowdown` (no slower than
+    `max_iteration_seconds`, the throughput floor's time), as the operator prices a job."""
     try:
-        return plan_energy(plan, context, frontier_points=FRONTIER_POINTS if frontier else 0)
+        return plan_energy(
+            plan,
+            context,
+            frontier_points=FRONTIER_POINTS if frontier else 0,
+            max_slowdown=max_slowdown,
+            max_iteration_seconds=max_iteration_seconds,
+        )
     except (EnergyError, MissingProfileError) as error:
         raise InputError(str(error)) from None
 
@@ -102,6 +136,16 @@ def energy_lines(report: EnergyReport, usd_per_kwh: float | None) -> list[str]:
         f"{report.source} power model)",
         f"no-slowdown SM clocks (MHz): {_clocks(best)}",
     ]
+    planned = report.planned
+    if planned is not None:
+        slower = planned.iteration_seconds / default.iteration_seconds - 1
+        saved = 1 - planned.joules_per_iteration / default.joules_per_iteration
+        lines += [
+            f"max slowdown {report.max_slowdown * 100:g}%: "
+            f"{planned.joules_per_iteration / 1e3:.2f} kJ/iteration (saves {saved * 100:.1f}%, "
+            f"iteration {planned.iteration_seconds:.3f} s, {slower * 100:.1f}% slower)",
+            f"max-slowdown SM clocks (MHz): {_clocks(planned)}",
+        ]
     if usd_per_kwh is not None:
         lines.append(
             f"energy cost {usd_for(default.joules_per_iteration, usd_per_kwh):.6f} USD/iteration at "

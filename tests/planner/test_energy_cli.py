@@ -11,7 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 from sailplan.operator.cli.main import app
-from sailplan.planner.plan import Plan
+from sailplan.planner.api import Planned, PlanRequest, make_plan
+from sailplan.planner.catalog import default_catalog
+from sailplan.planner.cli_inputs import cluster_from_flags
+from sailplan.planner.plan import EnergyPrediction, Plan
 
 SMALL = ["--model", "GPT3-Small", "--global-batch", "64", "--pool", "A100-40:us-central1-a:4"]
 runner = CliRunner()
@@ -124,3 +127,64 @@ def test_unknown_gpu_for_the_energy_model_is_one_line_and_exit_2(
         assert code == 2, (extra, out)
         assert "no power data for GPU type 'A100-40'" in err
         assert len(err.strip().splitlines()) == 1
+
+
+def _energy(*args: str) -> EnergyPrediction:
+    code, out, err = run("plan", *SMALL, *args, "--json")
+    assert code == 0, out + err
+    predictions = Plan.from_json(out).predictions
+    assert predictions is not None and predictions.energy is not None
+    return predictions.energy
+
+
+def test_max_slowdown_prices_the_plan_at_that_point_of_the_frontier_as_a_job_would() -> None:
+    """`--max-slowdown 0.1` carries what a TrainingJob with spec.energy.maxSlowdown 0.1 gets
+    (the operator's request: energy predictions at that slowdown), and that point trades
+    at most 10% of the default-clock time for less energy than the no-slowdown point."""
+    slowed = _energy("--max-slowdown", "0.1")
+    no_slowdown = _energy("--energy")
+    assert slowed.max_slowdown == 0.1 and no_slowdown.max_slowdown == 0.0
+    assert slowed.joules_per_iteration_default == no_slowdown.joules_per_iteration_default
+    assert slowed.joules_per_iteration < no_slowdown.joules_per_iteration
+    assert slowed.iteration_seconds <= no_slowdown.iteration_seconds * 1.1 * (1 + 1e-9)
+    assert slowed.iteration_seconds > no_slowdown.iteration_seconds
+
+    catalog = default_catalog()
+    job = make_plan(
+        PlanRequest(
+            model=catalog.model("GPT3-Small"),
+            global_batch_size=64,
+            cluster=cluster_from_flags(["A100-40:us-central1-a:4"], catalog, None),
+            energy_predictions=True,
+            energy_max_slowdown=0.1,
+            memory_options=True,
+        ),
+        None,
+        catalog,
+    )
+    assert isinstance(job, Planned) and job.best.predictions is not None
+    operator = job.best.predictions.energy
+    assert operator is not None
+    assert slowed.joules_per_iteration == pytest.approx(operator.joules_per_iteration, rel=1e-9)
+    assert slowed.stage_clocks == operator.stage_clocks
+
+    code, out, _ = run("plan", *SMALL, "--max-slowdown", "0.1")
+    assert code == 0, out
+    assert "max slowdown 10%:" in out and "max-slowdown SM clocks (MHz)" in out
+
+
+def test_max_slowdown_moves_the_energy_objective_within_the_throughput_floor() -> None:
+    floor = ("--objective", "energy", "--min-throughput", "20")
+    slowed = _energy(*floor, "--max-slowdown", "0.5")
+    at_no_slowdown = _energy(*floor)
+    assert slowed.max_slowdown == 0.5
+    assert slowed.joules_per_iteration <= at_no_slowdown.joules_per_iteration
+    assert 64 / slowed.iteration_seconds >= 20 * (1 - 1e-9)  # never below the floor
+
+
+@pytest.mark.parametrize("value", ["10", "-0.1", "1.5", "abc", "nan", ""])
+def test_a_bad_max_slowdown_is_one_line_and_exit_2(value: str) -> None:
+    code, out, err = run("plan", *SMALL, "--max-slowdown", value)
+    assert code == 2, out
+    assert f"--max-slowdown {value} is not a fraction from 0 to 1" in err
+    assert len(err.strip().splitlines()) == 1
