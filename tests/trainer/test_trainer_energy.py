@@ -193,3 +193,64 @@ def test_the_steps_energy_is_summed_over_the_ranks_in_the_control_all_reduce(
             assert joules == pytest.approx(sum(expected), abs=2e-3)
         # one rank without a measurement: no energy for the job, not half of it
         assert report["partial"] == [True, 1.0, None]
+
+
+def _trainer_rank(rank: int, port: int, plan_json: str, config_json: str, tmp: Path) -> None:
+    """One rank of the real Trainer, its GPU a FakeNVML GPU whose simulated clock moves
+    STEP_SECONDS[rank] per counter read (one read per step boundary)."""
+    import os
+
+    from sailplan.planner.plan import Plan
+    from sailplan.planner.workerenv import TrainerConfig
+    from sailplan.trainer import engine
+    from sailplan.trainer.stopping import StopSignal
+
+    os.environ["SAILPLAN_METRICS_PORT"] = "0"
+    termination = tmp / f"termination-{rank}"
+    termination.write_text("")  # the kubelet's file exists in a container
+    os.environ["SAILPLAN_TERMINATION_LOG"] = str(termination)
+    ticks = [0.0]
+
+    def now() -> float:
+        ticks[0] += STEP_SECONDS[rank]
+        return ticks[0]
+
+    gpu = fake_gpus(GPU_TYPE, 1)[0]
+    nvml = FakeNVML(gpus=[gpu], now=now)
+    if rank == 1:
+        gpu.locked_mhz = gpu.supported_mhz[-1]
+    engine.gpu_meter = lambda device: counter(nvml)  # type: ignore[assignment]
+    device = engine.init_world(
+        rank=rank,
+        local_rank=0,
+        world_size=2,
+        master_addr="127.0.0.1",
+        master_port=port,
+        timeout_s=120,
+    )
+    plan = Plan.from_json(plan_json)
+    config = TrainerConfig.model_validate_json(config_json)
+    engine.Trainer(
+        plan, config, rank=rank, local_rank=0, device=device, generation=1, stop=StopSignal(None, 1)
+    ).run()
+    torch.distributed.destroy_process_group()
+    write_report(tmp, rank, {"mhz": gpu.mhz})
+
+
+@pytest.mark.trainer
+def test_the_trainer_reports_the_jobs_joules_per_step_from_every_stage(tmp_path: Path) -> None:
+    """Two pipeline stages (only the last owns the loss): rank 0's final progress, which
+    the operator copies into status.progress, carries both GPUs' energy of the last step."""
+    from trainer_harness import TINY, make_plan, trainer_config
+
+    from sailplan.planner.workerenv import TrainerProgress
+
+    plan = make_plan(TINY, [(0, 3, 1), (3, TINY.num_layers, 1)], 1, 1, 2)
+    config = trainer_config(tmp_path, 3)
+    reports = spawn(_trainer_rank, tmp_path, plan.to_json(), config.model_dump_json())
+    gpu = fake_gpus(GPU_TYPE, 1)[0]
+    expected = sum(gpu.watts(r["mhz"]) * STEP_SECONDS[i] for i, r in enumerate(reports))
+    final = TrainerProgress.model_validate_json((tmp_path / "termination-0").read_text())
+    assert final.step == 3
+    assert final.joules_per_step == pytest.approx(expected, abs=2e-3)
+    assert (tmp_path / "termination-1").read_text() == ""  # only global rank 0 reports
