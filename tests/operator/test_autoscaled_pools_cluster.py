@@ -600,5 +600,23 @@ def test_a_request_of_a_class_no_autoscaler_serves_backs_its_zone_off_and_the_jo
     assert [e.type for e in warnings] == ["Warning"], warnings
     assert nobody in warnings[0].message
     assert f"className of GPUPool {pool}" in warnings[0].message
-    # The pool keeps saying why after the request is gone.
+    # The pool keeps saying why after the request is gone, and so does the job, though it
+    # runs on the V100s now: each of its passes reads it from the pools it may use.
     assert class_served(k8s_api, pool)["reason"] == "ProvisioningClassNotServed"
+    shown = wait_for(
+        "the job says a pool it may use is of a class no autoscaler serves",
+        lambda: next(
+            (
+                c
+                for c in (get_job(k8s_api, namespace, "nobody").get("status") or {}).get(
+                    "conditions", []
+                )
+                if c["type"] == "ProvisioningClassServed" and c["status"] == "False"
+            ),
+            None,
+        ),
+        30,
+    )
+    assert shown["reason"] == "ProvisioningClassNotServed"
+    assert shown["message"].startswith(f"GPUPool {pool}: ") and nobody in shown["message"]
+    assert running_on(k8s_api, namespace, "nobody", existing)()
