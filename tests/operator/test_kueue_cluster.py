@@ -19,9 +19,11 @@ waits: cluster_waits.py.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -541,6 +543,13 @@ def test_a_replanned_job_keeps_its_place_in_the_queue_and_its_admission(
             for name in ("b", "c"):
                 create_job(k8s_api, queued_job(namespace, name, pool, q.queue))
                 wait_for(f"{name} waiting", waits_for_quota(k8s_api, namespace, name), 120, explain)
+                # Kueue orders equal priorities by creationTimestamp, which has one-second
+                # resolution, and breaks a tie arbitrarily: c's Workload must be a second newer.
+                created = workload(name)["metadata"]["creationTimestamp"]
+                newer_at = datetime.fromisoformat(created.replace("Z", "+00:00")) + timedelta(
+                    seconds=1
+                )
+                time.sleep(max(0.0, (newer_at - datetime.now(UTC)).total_seconds()))
             b_before, a_before = workload("b"), workload("a")
 
             # b replans while it waits: same Workload, the new plan's 2 GPUs.
