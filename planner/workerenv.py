@@ -93,9 +93,13 @@ class TrainerConfig(BaseModel):
 
 
 class TrainerProgress(BaseModel):
-    """What rank 0 reports through its METRIC_* gauges."""
+    """What rank 0 reports through its METRIC_* gauges.
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    Unknown fields are ignored, not refused: a trainer image newer than the operator may
+    report more, and an operator that refused the whole message would lose a finished job's
+    final step (replan.triggers.final_progress)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
     step: int
     loss: float | None = None

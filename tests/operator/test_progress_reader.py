@@ -216,6 +216,10 @@ def test_rank_zero_keeps_its_progress_in_the_termination_message_the_pod_status_
     for message in ("", "Traceback (most recent call last): ...", '{"step": "x"}'):
         facts = pod_facts(exited(rank0, message, "2026-01-01T00:05:00Z"))
         assert facts is not None and facts.progress is None
+    # A newer trainer's message with a field this operator does not know keeps its step.
+    newer = '{"step": 12, "loss": 2.0, "tokens_per_second": 5.0}'
+    facts = pod_facts(exited(rank0, newer, "2026-01-01T00:05:00Z"))
+    assert facts is not None and facts.progress == TrainerProgress(step=12, loss=2.0)
 
 
 def test_a_finished_job_shows_rank_zeros_final_step_not_the_last_scrape(
