@@ -9,7 +9,9 @@ roofline's calibration refitted without the hidden profiles throughout. The erro
 |predicted - measured| / measured of one micro-batch's forward + backward through the whole
 model, averaged over the hidden grid points (TP, micro-batch); a '-' is a case the method
 cannot reach. "shipped" is what complete_profiles does: the mean where both reach, else
-whichever does, else the roofline. The summary compares the methods on the points every
+whichever does, else the roofline, then the case's estimates made consistent across TP
+degrees (profiles.tp_consistency: time x TP non-decreasing, over the hidden grid points);
+"no TP fix" is the same chain without that repair. The summary compares the methods on the points every
 one of them reaches, and the shipped chain with the transfer-else-roofline chain it
 replaced over all points.
 
@@ -34,6 +36,7 @@ from sailplan.planner.profiles.estimate import (
 )
 from sailplan.planner.profiles.rescale import combine, rescale_profile
 from sailplan.planner.profiles.sailor import import_artifact
+from sailplan.planner.profiles.tp_consistency import consistent_in_tensor_parallel
 from sailplan.planner.profiles.transfer import transfer_profile
 from sailplan.planner.profiles.types import ComputeProfile, ProfileSet
 
@@ -42,6 +45,10 @@ ARTIFACT = Path(__file__).resolve().parents[2] / "shared" / "reference" / "sailo
 
 def total(profile: ComputeProfile) -> float:
     return sum(profile.forward_s) + sum(profile.backward_s)
+
+
+def error(estimate: ComputeProfile | None, truth: ComputeProfile) -> float | None:
+    return abs(total(estimate) - total(truth)) / total(truth) if estimate else None
 
 
 def main() -> int:
@@ -63,7 +70,7 @@ def main() -> int:
         except CatalogError:
             continue
     cases = sorted({(p.model, p.gpu_type) for p in measured.compute if not p.oom})
-    methods = ("transfer", "rescale", "mean", "roofline", "shipped", "before")
+    methods = ("transfer", "rescale", "mean", "roofline", "shipped", "no TP fix", "before")
     print()
     header = f"{'model':<14}{'GPU':<11}{'points':>7}" + "".join(f"{m + ' %':>12}" for m in methods)
     print(header)
@@ -90,6 +97,7 @@ def main() -> int:
             return estimate_compute_profile(m, spec, tp, mbs, calibration=cal)
 
         case: dict[str, list[float | None]] = {m: [] for m in methods}
+        chain: list[ComputeProfile] = []
         for truth in hidden:
             tp, mbs = truth.tensor_parallel, truth.micro_batch_size
             roof = roofline(model, tp, mbs)
@@ -98,18 +106,24 @@ def main() -> int:
                 model, gpu, tp, mbs, measured=rest, models=models, roofline=roofline
             )
             mean = combine(moved, rescaled) if moved and rescaled else None
-            shipped = mean or moved or rescaled or roof
+            chain.append(mean or moved or rescaled or roof)
             found = {
                 "transfer": moved,
                 "rescale": rescaled,
                 "mean": mean,
                 "roofline": roof,
-                "shipped": shipped,
+                "no TP fix": chain[-1],
                 "before": moved or roof,
             }
             for name, estimate in found.items():
-                error = abs(total(estimate) - total(truth)) / total(truth) if estimate else None
-                case[name].append(error)
+                case[name].append(error(estimate, truth))
+        # the TP repair works on the case's grid as a whole
+        consistent = consistent_in_tensor_parallel(ProfileSet(compute=tuple(chain)))
+        for truth in hidden:
+            shipped = consistent.compute_profile(
+                model_name, gpu, truth.tensor_parallel, truth.micro_batch_size
+            )
+            case["shipped"].append(error(shipped, truth))
         cells = []
         for name in methods:
             reached = [e for e in case[name] if e is not None]
@@ -123,7 +137,11 @@ def main() -> int:
         values = [float(errors[name][i] or 0.0) for i in common]
         print(f"  {name:<9} {100 * np.mean(values):6.1f}% ({100 * np.median(values):.1f}%)")
     everywhere = len(errors["shipped"])
-    for name, label in (("shipped", "shipped chain"), ("before", "transfer, else roofline")):
+    for name, label in (
+        ("shipped", "shipped chain"),
+        ("no TP fix", "shipped chain without the TP repair"),
+        ("before", "transfer, else roofline"),
+    ):
         values = [float(e or 0.0) for e in errors[name]]
         print(
             f"over all {everywhere} points, {label}: {100 * np.mean(values):.1f}% "

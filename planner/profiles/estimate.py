@@ -35,6 +35,7 @@ from sailplan.planner.catalog import Catalog, CatalogError, GPUSpec
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.profiles.cleaning import monotone_in_micro_batch
 from sailplan.planner.profiles.rescale import combine, rescale_profile
+from sailplan.planner.profiles.tp_consistency import consistent_in_tensor_parallel
 from sailplan.planner.profiles.transfer import transfer_profile
 from sailplan.planner.profiles.types import (
     LINK_CLASSES,
@@ -480,8 +481,11 @@ def complete_profiles(
     profile for the model gets a roofline profile (TP degrees the model cannot split are
     skipped), anchored to the nearest measured point of the same GPU type when there is
     one (anchored_estimate); with none on that GPU, _unmeasured_gpu_estimate where it
-    reaches, else the bare roofline. Network: each link class and GPU pair without a
-    measured (or already present) profile gets a catalog default.
+    reaches, else the bare roofline. The estimates' time x TP is then made non-decreasing
+    in TP degree against each other and the measured points
+    (tp_consistency.consistent_in_tensor_parallel; measured profiles untouched). Network:
+    each link class and GPU pair without a measured (or already present) profile gets a
+    catalog default.
     """
     measured = monotone_in_micro_batch(measured)
     models: dict[str, ModelSpec] = {}
@@ -528,4 +532,5 @@ def complete_profiles(
             peer = "" if link == "intra-node" else b
             if measured.network_profile(link, a, peer) is None:
                 network.append(default_network_profile(catalog, link, a, b))
-    return measured.merged(ProfileSet(compute=tuple(compute), network=tuple(network)))
+    completed = measured.merged(ProfileSet(compute=tuple(compute), network=tuple(network)))
+    return consistent_in_tensor_parallel(completed)
