@@ -135,7 +135,14 @@ def attention_core(recompute: bool, core: Any, *args: object) -> torch.Tensor:
     return result
 
 
-class Attention(nn.Module):
+class RecomputableAttention(nn.Module):
+    """An attention module whose core selective recomputation can checkpoint
+    (StageModel.set_recompute sets `recompute_core`; the module calls attention_core)."""
+
+    recompute_core: bool = False
+
+
+class Attention(RecomputableAttention):
     cos: torch.Tensor
     sin: torch.Tensor
 
@@ -151,7 +158,6 @@ class Attention(nn.Module):
         self.k_proj = ColumnParallelLinear(h, spec.kv_heads * d, bias, tp)
         self.v_proj = ColumnParallelLinear(h, spec.kv_heads * d, bias, tp)
         self.o_proj = RowParallelLinear(spec.num_heads * d, h, bias, tp)
-        self.recompute_core = False  # StageModel.set_recompute
         self.rotary = spec.position_embedding == "rotary"
         if self.rotary:
             cos, sin = _rotary_tables(spec)
@@ -420,8 +426,8 @@ class StageModel(nn.Module):
         cores of the stage's attention modules (their `recompute_core`), "none" neither."""
         self.recompute = mode == "full"
         for module in self.modules():
-            if hasattr(module, "recompute_core"):
-                setattr(module, "recompute_core", mode == "selective")  # noqa: B010
+            if isinstance(module, RecomputableAttention):
+                module.recompute_core = mode == "selective"
 
     @property
     def has_head(self) -> bool:

@@ -37,6 +37,7 @@ from sailplan.trainer.model import (
     MLP,
     Batch,
     Head,
+    RecomputableAttention,
     StageLayer,
     State,
     _norm,
@@ -91,7 +92,7 @@ class RelativePositionBias(nn.Module):
         return self.weight[index.to(self.weight.device)].permute(2, 0, 1).unsqueeze(0)
 
 
-class T5Attention(nn.Module):
+class T5Attention(RecomputableAttention):
     """Self-attention (source = x) or cross-attention (source = the encoder output)."""
 
     def __init__(self, spec: ModelSpec, tp: TPGroup) -> None:
@@ -104,7 +105,6 @@ class T5Attention(nn.Module):
         self.k_proj = ColumnParallelLinear(h, spec.num_heads * d, False, tp)
         self.v_proj = ColumnParallelLinear(h, spec.num_heads * d, False, tp)
         self.o_proj = RowParallelLinear(spec.num_heads * d, h, False, tp)
-        self.recompute_core = False  # StageModel.set_recompute
 
     def forward(
         self, x: torch.Tensor, source: torch.Tensor | None, bias: torch.Tensor | None
