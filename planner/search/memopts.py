@@ -182,7 +182,7 @@ def option_tables(
     factor = costs.constants.activation_allocator_factor
     overhead = costs.constants.framework_overhead_bytes
     tp = table.tensor_parallel
-    params = _range_matrix(table.params)
+    params = table.parameter_matrix()  # with the shared-parameter copies
     n = costs.num_layers + 1
     assert table.kept_outputs is not None and table.layer_activations is not None
     kept = (_range_matrix(table.kept_outputs) + boundary) * factor

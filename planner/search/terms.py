@@ -177,12 +177,12 @@ def kind_tables(
     upper = np.triu(np.ones((n, n), dtype=bool), k=1)
     compute = _range_matrix(table.forward) + _range_matrix(table.backward)
     update = _range_matrix(table.update)
-    params = _range_matrix(table.params)
+    params = table.parameter_matrix()  # with the shared-parameter copies
     grads = np.where(upper, params * tp * costs.training.gradient_bytes, 0.0)
     allreduce = costs.allreduce_seconds_array(grads, layout, tp)
     if costs.constants.overlap_allreduce and dp > 1:
         # simulate(): what the last backward cannot hide, at least the last bucket
-        bucket = costs.constants.bucket_bytes
+        bucket = costs.group_bucket_bytes(tp)
         last = grads - bucket * np.floor(np.maximum(grads - 1e-9, 0.0) / bucket)
         hidden = np.maximum(0.0, allreduce - _range_matrix(table.backward))
         allreduce = np.maximum(hidden, costs.allreduce_seconds_array(last, layout, tp))

@@ -138,6 +138,17 @@ def _bucket_seconds(layout: AllReduceLayout, bucket: FloatArray, tp: int) -> Flo
     return seconds
 
 
+def bucket_count(group_bytes: float, bucket_bytes: float) -> int:
+    """Collectives one all-reduce of `group_bytes` in buckets of `bucket_bytes` issues (the
+    full buckets and the rest), as allreduce_seconds prices them. The trainer packs whole
+    tensors (sailplan.trainer.grads.buckets), so a tensor larger than the bucket is one
+    collective of its own: the same count where tensors are small against the bucket."""
+    if group_bytes <= 0:
+        return 0
+    full = math.floor(group_bytes / bucket_bytes)
+    return full + (1 if group_bytes - full * bucket_bytes > 0 else 0)
+
+
 def allreduce_seconds(
     layout: AllReduceLayout, group_bytes: FloatArray, tp: int, bucket_bytes: float
 ) -> FloatArray:

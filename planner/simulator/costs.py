@@ -40,6 +40,7 @@ from sailplan.planner.profiles.types import (
     zone_pair_key,
 )
 from sailplan.planner.simulator.collectives import (
+    NCCL_BASE_LATENCY_S,
     NETWORK_HOP_LATENCY_S,
     NVLINK_HOP_LATENCY_S,
     PCIE_HOP_LATENCY_S,
@@ -49,6 +50,11 @@ from sailplan.planner.simulator.collectives import (
     allreduce_seconds as collective_allreduce_seconds,
 )
 from sailplan.planner.simulator.memory import Bytes, ModelStateBytes, model_state_bytes
+from sailplan.planner.simulator.ties import (
+    copy_parameter_matrix,
+    shared_elements,
+    shared_users,
+)
 
 if TYPE_CHECKING:
     from sailplan.planner.simulator.context import PlanningContext
@@ -109,6 +115,9 @@ class StageTable:
     # forward seconds of the cores it runs again
     attention_core: FloatArray | None = None
     core_forward: FloatArray | None = None
+    # parameters per TP rank of the copies of shared parameters (tied embeddings) a stage
+    # holding [a, b) keeps at [a, b] (simulator/ties.py): not a prefix sum, a matrix
+    copies: FloatArray | None = None
 
     def forward_backward_seconds(self, a: int, b: int) -> float:
         return float(self.forward[b] - self.forward[a] + self.backward[b] - self.backward[a])
@@ -123,7 +132,15 @@ class StageTable:
         return float(self.update[b] - self.update[a])
 
     def parameters(self, a: int, b: int) -> float:
-        return float(self.params[b] - self.params[a])
+        """Parameters per TP rank of a stage holding [a, b): its layers' and the copies it
+        keeps of shared parameters whose owner is on another stage (simulator/ties.py)."""
+        own = float(self.params[b] - self.params[a])
+        return own + (float(self.copies[a, b]) if self.copies is not None else 0.0)
+
+    def parameter_matrix(self) -> FloatArray:
+        """`parameters` for every layer range: M[a, b] (meaningful for a < b)."""
+        matrix: FloatArray = self.params[None, :] - self.params[:, None]
+        return matrix + self.copies if self.copies is not None else matrix
 
     def activation_bytes(self, a: int, b: int) -> float:
         return float(self.activations[b] - self.activations[a])
@@ -253,6 +270,7 @@ class CostModel:
         self.num_layers = context.model.num_layers
         self.training = context.training
         self._largest_tensor: dict[int, float] = {}
+        self._copy_matrices: dict[int, FloatArray] = {}
         self._tables: dict[tuple[str, int, int], StageTable | None] = {}
         self._curves: dict[tuple[LinkClass, str, str, int], BandwidthCurve] = {}
         self._pools = {p.name: p for p in context.cluster.pools}
@@ -326,7 +344,18 @@ class CostModel:
             layer_activations=layer_activations,
             attention_core=np.array(cores, dtype=np.float64),
             core_forward=prefix([f * c for f, c in zip(profile.forward_s, shares, strict=True)]),
+            copies=self._copies(tp),
         )
+
+    def _copies(self, tp: int) -> FloatArray | None:
+        """The shared-parameter copies per layer range (None for a model without any)."""
+        if not shared_users(self.model):
+            return None
+        cached = self._copy_matrices.get(tp)
+        if cached is None:
+            cached = copy_parameter_matrix(self.model, tp)
+            self._copy_matrices[tp] = cached
+        return cached
 
     def boundary_bytes(self, mbs: int, layer: int) -> int:
         """Bytes of one activation (or its gradient) crossing the stage boundary before
@@ -926,11 +955,26 @@ class CostModel:
         return collective_allreduce_seconds(layout, nbytes, tp, self.group_bucket_bytes(tp))
 
     def group_bucket_bytes(self, tp: int) -> float:
-        """Bytes of one all-reduce bucket of a TP group (SimulatorConstants.bucket_elements:
-        a runtime counting its bucket in elements per rank; else bucket_bytes)."""
+        """Bytes of one all-reduce bucket of a TP group (every TP rank packs its own shard's
+        gradients into buckets and runs its own data-parallel collective per bucket).
+
+        - SimulatorConstants.bucket_elements > 0: a runtime counting its bucket in elements
+          per rank (DeepSpeed's PipelineEngine, the Sailor runs);
+        - else the Sailplan trainer when the context trains as it does
+          (TrainingSetup.trainer): under ZeRO-0 sailplan.trainer.grads flattens buckets of
+          DEFAULT_BUCKET_BYTES (25 MiB) per rank, under ZeRO-1/2 DeepSpeed's ZeRO optimizer
+          reduces buckets of sailplan.trainer.zero.BUCKET_ELEMENTS (2**24) per rank;
+        - else SimulatorConstants.bucket_bytes per TP group.
+        """
+        tp = max(1, tp)
         elements = self.constants.bucket_elements
         if elements > 0:
-            return elements * self.training.gradient_bytes * max(1, tp)
+            return elements * self.training.gradient_bytes * tp
+        setup = self.training
+        if setup.zero_stage == 0 and setup.replicated_bucket_bytes > 0:
+            return setup.replicated_bucket_bytes * tp
+        if setup.zero_stage > 0 and setup.bucket_elements > 0:
+            return setup.bucket_elements * self.training.gradient_bytes * tp
         return self.constants.bucket_bytes
 
     def allreduce_last_bucket_seconds(
@@ -942,6 +986,60 @@ class CostModel:
         bucket = self.group_bucket_bytes(tp)
         last = nbytes - bucket * math.floor((nbytes - 1e-9) / bucket)
         return self.allreduce_seconds(last, replicas, tp)
+
+    def shared_gradient_seconds(self, name: str, ends: Sequence[tuple[EndpointLike, int]]) -> float:
+        """One pipeline's sum of a shared parameter's gradient over the stages that use it
+        (simulator/ties.py), as sailplan.trainer.engine.sync_shared_gradients runs it.
+
+        `ends`: (replica, TP degree) of each user stage of the pipeline, in stage order.
+        The full gradient (the whole tensor at the gradient's element bytes) is
+        1. gathered from its TP group onto TP rank 0 of each stage (dist.gather over the
+           node's links: the root receives TP - 1 shards at the per-GPU link rate);
+        2. all-reduced among those m roots: NCCL's ring, 2 (m - 1) steps of 1/m of it each
+           over the ring's slowest edge (a pipeline boundary's link, p2p_seconds: the NICs,
+           across zones the slower direction between them; both directions at once), plus
+           NCCL's base latency; for two stages that is the whole tensor each way;
+        3. broadcast back into each TP group over the node's links.
+        Stages on different nodes, as the pipeline boundaries are priced (link_class).
+        """
+        m = len(ends)
+        if m < 2:
+            return 0.0
+        full = float(shared_elements(self.model, name) * self.training.gradient_bytes)
+        gather = broadcast = 0.0
+        for replica, tp in ends:
+            if tp > 1:
+                curve, latency = self._intra_node_link(
+                    replica.gpu_type, self.gpus_per_node(replica)
+                )
+                shard = full / tp
+                gather = max(
+                    gather, (tp - 1) * shard / curve.bytes_per_second(shard) + (tp - 1) * latency
+                )
+                broadcast = max(broadcast, full / curve.bytes_per_second(full) + (tp - 1) * latency)
+        chunk = full / m
+        step = max(
+            self.p2p_seconds(chunk, a, b, min(tp_a, tp_b))
+            for (a, tp_a), (b, tp_b) in zip(ends, [*ends[1:], ends[0]], strict=True)
+        )
+        return gather + 2 * (m - 1) * step + NCCL_BASE_LATENCY_S + broadcast
+
+    def shared_gradient_egress(
+        self, name: str, ends: Sequence[EndpointLike]
+    ) -> tuple[float, float]:
+        """(bytes crossing zones, USD) of shared_gradient_seconds' ring: each ring edge
+        carries 2 (m - 1) / m x the full gradient."""
+        m = len(ends)
+        if m < 2:
+            return 0.0, 0.0
+        full = float(shared_elements(self.model, name) * self.training.gradient_bytes)
+        per_edge = 2.0 * (m - 1) / m * full
+        crossing = usd = 0.0
+        for a, b in zip(ends, [*ends[1:], ends[0]], strict=True):
+            if a.zone != b.zone:
+                crossing += per_edge
+                usd += per_edge / 1e9 * self.egress_usd_per_gb(a.zone, b.zone)
+        return crossing, usd
 
     def allreduce_egress(
         self, nbytes: float, replicas: Sequence[EndpointLike]

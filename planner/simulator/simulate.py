@@ -10,9 +10,16 @@ CostModel the search uses. The model, term by term:
 - pipeline: 1F1B with heterogeneous stages (costs.one_f_one_b_seconds), where the boundary
   between stage k and k+1 costs the slowest pipeline's activation transfer over its link
   class (same zone / other zone / other region, with each side's GPU types);
-- gradient all-reduce: per stage, a ring over its replicas in 500 MB buckets at the ring's
-  slowest link, exposed after the pipeline (or only what the last backward cannot hide when
-  SimulatorConstants.overlap_allreduce is set);
+- gradient all-reduce: per stage, NCCL's ring or tree over its replicas, one collective per
+  bucket (CostModel.group_bucket_bytes: the runtime's bucket, each paying the collective's
+  latency), exposed after the pipeline (or only what the last backward cannot hide when
+  SimulatorConstants.overlap_allreduce is set; the Sailplan trainer does not overlap);
+- shared parameters (tied embeddings, T5's position-bias tables: simulator/ties.py): when
+  their users sit on several stages, each pipeline sums their gradients over those stages
+  after the flush and before the optimizer step (CostModel.shared_gradient_seconds: TP
+  gather, ring all-reduce of the TP roots over the link between the stages, TP broadcast),
+  in the tail of the stages that take part (their DP all-reduce waits for it); the copy a
+  stage keeps is a parameter of that stage (memory, DP all-reduce bytes);
 - optimizer: each stage updates after its own all-reduce, so the iteration ends with the
   slowest stage's all-reduce + update;
 - memory per GPU: model states (simulator/memory.py: weights, gradients, master weights,
@@ -31,6 +38,7 @@ from sailplan.planner.plan import Plan, Predictions, ProfileRef, Replica, StageP
 from sailplan.planner.profiles.types import Source
 from sailplan.planner.simulator.context import PlanningContext
 from sailplan.planner.simulator.costs import ZoneLink, one_f_one_b_seconds
+from sailplan.planner.simulator.ties import sharing_stages
 
 
 def simulate(plan: Plan, context: PlanningContext) -> Predictions:
@@ -103,6 +111,27 @@ def simulate(plan: Plan, context: PlanningContext) -> Predictions:
         exposed_allreduce.append(allreduce)
         update_seconds.append(update)
         tail_seconds.append(allreduce + update)
+
+    # tied embeddings (and T5's shared tables): after the flush, before the optimizer
+    # step, the stages that use a shared parameter sum its gradient (simulator/ties.py);
+    # each pipeline's sync runs on its own, the stage's DP all-reduce waits for all of them
+    ranges = [(s.layer_start, s.layer_end) for s in plan.stages]
+    shared_sync = [0.0] * num_stages
+    for r in range(plan.data_parallel):
+        pipeline_sync = 0.0
+        users_of_r: set[int] = set()
+        for name, users in sharing_stages(context.model, ranges):
+            ends = [(plan.stages[i].replicas[r], plan.stages[i].tensor_parallel) for i in users]
+            pipeline_sync += costs.shared_gradient_seconds(name, ends)
+            crossing, usd = costs.shared_gradient_egress(name, [end for end, _ in ends])
+            egress_bytes += crossing
+            egress_usd += usd
+            users_of_r.update(users)
+        for i in users_of_r:
+            shared_sync[i] = max(shared_sync[i], pipeline_sync)
+    for i in range(num_stages):
+        exposed_allreduce[i] += shared_sync[i]
+        tail_seconds[i] += shared_sync[i]
 
     boundary_seconds: list[float] = []
     for k in range(num_stages - 1):

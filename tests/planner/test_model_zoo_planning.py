@@ -110,8 +110,14 @@ def test_a_cut_inside_the_t5_decoder_sends_the_encoder_output_as_well() -> None:
     at_encoder_end = simulate(_two_zone_plan(model, model.first_decoder_layer), context)
     in_decoder = simulate(_two_zone_plan(model, model.first_decoder_layer + 4), context)
     moved = 2 * 4  # forward and backward, 4 micro-batches, fp16
-    assert at_encoder_end.egress_bytes_per_iteration == moved * 2 * b * s * h
-    assert in_decoder.egress_bytes_per_iteration == moved * 2 * b * (t + s) * h
+    # and the trainer's sums of the shared parameters both stages use (simulator/ties.py):
+    # a ring of two carries each fp16 gradient once each way across the zones
+    tokens = 2 * 2 * model.vocab_size * h
+    decoder_bias = 2 * 2 * model.relative_attention_buckets * model.num_heads
+    assert at_encoder_end.egress_bytes_per_iteration == moved * 2 * b * s * h + tokens
+    assert (
+        in_decoder.egress_bytes_per_iteration == moved * 2 * b * (t + s) * h + tokens + decoder_bias
+    )
     # a decoder-only model of the same hidden size and sequence sends one hidden state
     gpt = ModelSpec(
         name="gpt-768",
