@@ -87,7 +87,10 @@ class SimulatorConstants:
       True = DeepSpeed's PipelineEngine with pipe_partitioned/grad_partitioned (its
       defaults, and the Sailor runs' fork): every TP rank sends its 1/TP part and the
       receiver all-gathers them (deepspeed/runtime/pipe/engine.py, PartitionedTensor). In
-      both, one copy of the tensor crosses the network, never one per TP rank.
+      both, one copy of the tensor crosses the network, never one per TP rank. The same
+      runtime choice prices the tied-embedding all-reduce between stages (CostModel.
+      shared_gradient_seconds): the trainer's TP rank 0 gathers, all-reduces and
+      broadcasts the whole tensor; DeepSpeed's tied groups all-reduce each TP rank's shard.
     """
 
     framework_overhead_bytes: float = 5.15e9

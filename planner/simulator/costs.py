@@ -1001,11 +1001,23 @@ class CostModel:
            NCCL's base latency; for two stages that is the whole tensor each way;
         3. broadcast back into each TP group over the node's links.
         Stages on different nodes, as the pipeline boundaries are priced (link_class).
+        DeepSpeed's PipelineEngine (SimulatorConstants.partitioned_p2p, the runtime that flag
+        stands for) has no gather or broadcast: its tied groups pair the same TP rank of
+        each stage (deepspeed/runtime/pipe/module.py `_index_tied_modules`,
+        `allreduce_tied_weight_gradients`), so every TP rank rings its own 1/TP shard at
+        once, TP flows through the group's NIC share as its partitioned boundary sends.
         """
         m = len(ends)
         if m < 2:
             return 0.0
         full = float(shared_elements(self.model, name) * self.training.gradient_bytes)
+        chunk = full / m
+        if self.constants.partitioned_p2p:
+            step = max(
+                self.p2p_seconds(chunk, a, b, tp_a, flows=tp_a)
+                for (a, tp_a), (b, _) in zip(ends, [*ends[1:], ends[0]], strict=True)
+            )
+            return 2 * (m - 1) * step + NCCL_BASE_LATENCY_S
         gather = broadcast = 0.0
         for replica, tp in ends:
             if tp > 1:
@@ -1017,7 +1029,6 @@ class CostModel:
                     gather, (tp - 1) * shard / curve.bytes_per_second(shard) + (tp - 1) * latency
                 )
                 broadcast = max(broadcast, full / curve.bytes_per_second(full) + (tp - 1) * latency)
-        chunk = full / m
         step = max(
             self.p2p_seconds(chunk, a, b, min(tp_a, tp_b))
             for (a, tp_a), (b, tp_b) in zip(ends, [*ends[1:], ends[0]], strict=True)

@@ -8,13 +8,15 @@ same, so only the sync and its egress change. No artifact needed.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from sailplan.planner.cluster import ClusterSnapshot, Pool
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.plan import Plan, Replica, Stage
 from sailplan.planner.profiles.types import ComputeProfile, ProfileSet, Provenance
-from sailplan.planner.simulator import PlanningContext, simulate
+from sailplan.planner.simulator import DEFAULT_CONSTANTS, PlanningContext, simulate
 from sailplan.planner.simulator.collectives import NCCL_BASE_LATENCY_S
 from sailplan.planner.simulator.costs import Endpoint
 from sailplan.planner.simulator.memory import (
@@ -175,3 +177,19 @@ def test_100_mib_of_gradients_are_four_collectives_each_paying_its_latency() -> 
     single = context(TIED, TrainingSetup()).costs
     as_one = single.allreduce_seconds(4 * REPLICATED_BUCKET_BYTES, group)
     assert four - as_one >= 3 * NCCL_BASE_LATENCY_S
+
+
+def test_deepspeed_rings_each_tp_rank_s_shard_without_gather_or_broadcast() -> None:
+    deepspeed = PlanningContext(
+        model=TIED,
+        cluster=CLUSTER,
+        profiles=PROFILES,
+        training=TRAINER,
+        constants=dataclasses.replace(DEFAULT_CONSTANTS, partitioned_p2p=True),
+    ).costs
+    ring = 2 * deepspeed.p2p_seconds(FULL_GRADIENT / 2, A, B, 2, flows=2) + NCCL_BASE_LATENCY_S
+    assert deepspeed.shared_gradient_seconds("tokens", [(A, 2), (B, 2)]) == pytest.approx(
+        ring, rel=1e-9
+    )
+    trainer = context(TIED).costs.shared_gradient_seconds("tokens", [(A, 2), (B, 2)])
+    assert trainer > deepspeed.shared_gradient_seconds("tokens", [(A, 2), (B, 2)])
