@@ -320,8 +320,10 @@ def zone_links(plan: Plan, context: PlanningContext) -> list[tuple[Replica, Repl
     """Every link between two zones the plan's prediction crossed, sender first, with the
     curve it was priced from (CostModel.zone_link): both directions of each pipeline
     boundary between stages at the TP group's node shape (activations one way, gradients
-    the other), and each stage's all-reduce ring edges that change zone at the sender's node
-    shape. One entry per (sender, receiver, shape), in plan order."""
+    the other), each stage's all-reduce ring edges that change zone at the sender's node
+    shape, and the edges of the rings that sum a shared parameter's gradient between stages
+    (tied embeddings: CostModel.shared_gradient_seconds). One entry per (sender, receiver,
+    shape), in plan order."""
     costs = context.costs
     found: dict[tuple[str, str, str, str, int], tuple[Replica, Replica, ZoneLink]] = {}
     edges: list[tuple[Replica, Replica, int]] = []
@@ -333,6 +335,16 @@ def zone_links(plan: Plan, context: PlanningContext) -> list[tuple[Replica, Repl
     for stage in plan.stages:
         for a, b in costs.ring_zone_edges(costs.ring_order(stage.replicas)):
             edges.append((a, b, costs.gpus_per_node(a)))
+    # the rings that sum shared parameters' gradients (tied embeddings) between stages
+    ranges = [(s.layer_start, s.layer_end) for s in plan.stages]
+    for _, users in sharing_stages(context.model, ranges):
+        for r in range(plan.data_parallel):
+            ends = [plan.stages[i] for i in users]
+            for k, stage in enumerate(ends):
+                nxt = ends[(k + 1) % len(ends)]
+                tp = min(stage.tensor_parallel, nxt.tensor_parallel)
+                a, b = stage.replicas[r], nxt.replicas[r]
+                edges.append((a, b, costs.zone_link_gpus(a, b, tp)))
     for a, b, gpus in edges:
         if costs.link_class(a, b) not in {"inter-zone", "inter-region"}:
             continue

@@ -16,7 +16,7 @@ from sailplan.planner.cluster import ClusterSnapshot, Pool
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.plan import Plan, Replica, Stage
 from sailplan.planner.profiles.types import ComputeProfile, ProfileSet, Provenance
-from sailplan.planner.simulator import DEFAULT_CONSTANTS, PlanningContext, simulate
+from sailplan.planner.simulator import DEFAULT_CONSTANTS, PlanningContext, simulate, zone_links
 from sailplan.planner.simulator.collectives import NCCL_BASE_LATENCY_S
 from sailplan.planner.simulator.costs import Endpoint
 from sailplan.planner.simulator.memory import (
@@ -193,3 +193,14 @@ def test_deepspeed_rings_each_tp_rank_s_shard_without_gather_or_broadcast() -> N
     )
     trainer = context(TIED).costs.shared_gradient_seconds("tokens", [(A, 2), (B, 2)])
     assert trainer > deepspeed.shared_gradient_seconds("tokens", [(A, 2), (B, 2)])
+
+
+def test_the_first_to_last_zone_link_is_listed_among_the_links_the_prediction_crossed() -> None:
+    # A -> B -> EU: no pipeline boundary joins A and EU, the tied ring does
+    layers = UNTIED.num_layers
+    three = plan(TIED, (0, 2, (A,)), (2, 4, (B,)), (4, layers, (EU,)))
+    pairs = {(a.zone, b.zone) for a, b, _ in zone_links(three, context(TIED))}
+    assert ("europe-west4-a", "us-central1-a") in pairs
+    untied = plan(UNTIED, (0, 2, (A,)), (2, 4, (B,)), (4, layers, (EU,)))
+    untied_pairs = {(a.zone, b.zone) for a, b, _ in zone_links(untied, context(UNTIED))}
+    assert ("europe-west4-a", "us-central1-a") not in untied_pairs
