@@ -65,7 +65,16 @@ master partition and the Adam moments to host memory, with the fp32 partition gr
 the update reads (`single_partition_of_fp32_groups[i].grad`) and the buffer the updated
 partition is copied back to the device through (`param_buffer_of_bit16_for_cpu_offload_groups`):
 (4 + k + 4 + w)P/D bytes of host memory (`ModelStateBytes.host`), none of it on the GPU,
-and a host staging buffer of the largest tensor.
+and a host staging buffer of the largest tensor. The master partition, its gradient and
+the moments are fp32 whatever the parameters; the copy-back and staging buffers are in the
+parameters' dtype (w). ZeRO-2 accumulates the rank's share across the micro-batches of a
+step: with fp32 parameters on the host, in a buffer per gradient of the rank's partition
+(`accumulated_grads_in_cpu`, 4P/D; one whole tensor per parameter it touches, so the one
+or two tensors straddling the partition's ends count whole: not counted, at most two
+largest tensors; absent with a single micro-batch, which a pipeline never has); with
+16-bit parameters on the device, in DeepSpeed's flat fp32 partition gradient
+(`averaged_gradients[i].flat_partition`, its fp32 gradient accumulation dtype, 4P/D),
+freed at the step.
 DeepSpeed's offload is a ZeRO-1/2 feature, so an offloaded stage runs ZeRO-1 when the job
 says ZeRO-0, and its partition is the whole stage when D = 1. The device keeps the
 weights, the gradients until they are reduced (ZeRO-1: all of them, wP; ZeRO-2: those
@@ -246,9 +255,16 @@ def _offloaded(
         waiting = w * max(setup.bucket_elements, largest_tensor)
         gradients = np.minimum(waiting, w * p) + staging
         buckets = bucket_bytes
+        # the accumulation of the rank's share across micro-batches: fp32 parameters on
+        # the host (`accumulated_grads_in_cpu`), 16-bit ones in the device's flat fp32
+        # partition (`averaged_gradients[i].flat_partition`)
+        accumulation = w * p / d if w == FP32_BYTES else 0.0
+        if w < FP32_BYTES:
+            gradients = gradients + FP32_BYTES * p / d
     else:
         gradients = w * p + staging
         buckets = 2 * bucket_bytes
+        accumulation = 0.0
     return ModelStateBytes(
         weights=w * p,
         master_weights=0.0,
@@ -256,5 +272,5 @@ def _offloaded(
         gradients=gradients,
         buckets=buckets,
         # and the host side of the staging buffer (`temp_grad_buffer_for_cpu_offload`)
-        host=(FP32_BYTES + k + FP32_BYTES + w) * p / d + staging,
+        host=(FP32_BYTES + k + FP32_BYTES + w) * p / d + staging + accumulation,
     )
