@@ -430,12 +430,22 @@ class CostModel:
     def stage_update_seconds(
         self, table: StageTable, a: int, b: int, offload: bool, data_parallel: int
     ) -> float:
-        """The optimizer step of layers [a, b): on the GPU (the profile), or offloaded."""
+        """The optimizer step of layers [a, b): on the GPU (the profile), or offloaded.
+
+        The optimizer also updates the copies of shared parameters the stage keeps
+        (simulator/ties.py), which no layer's profiled update includes: priced at the
+        profiled update time per parameter of layer 0, the token matrix's owner. (The
+        search's matrices leave it out, a lower bound there.)"""
         if offload:
             return float(
                 self.offload_seconds(table.gpu_type, table.parameters(a, b), data_parallel)
             )
-        return table.update_seconds(a, b)
+        seconds = table.update_seconds(a, b)
+        copies = float(table.copies[a, b]) if table.copies is not None else 0.0
+        first = float(table.params[1] - table.params[0])
+        if copies > 0 and first > 0:
+            seconds += table.update_seconds(0, 1) * copies / first
+        return seconds
 
     def stage_host_bytes(self, table: StageTable, a: int, b: int, data_parallel: int) -> float:
         """Host memory one GPU's rank of an offloaded stage holds (simulator/memory.py)."""
