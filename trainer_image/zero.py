@@ -242,6 +242,12 @@ class ZeroOptimizer(StageOptimizer):
             inner.step()
         finally:
             inner.check_overflow, inner.check_grad_overflow = check, flag
+        # Under offload that path keeps `averaged_gradients`: with 16-bit parameters at
+        # ZeRO-2 it is the flat fp32 partition the micro-batches accumulate into, which the
+        # next step would add to (DeepSpeed 0.19 drops it only without offload, and after a
+        # step that ran). Drop it as the path without offload does.
+        for key in list(inner.averaged_gradients):
+            inner.averaged_gradients[key] = None
         inner.zero_grad(set_to_none=True)
 
     def _has_moments(self) -> bool:
