@@ -53,7 +53,7 @@ from sailplan.planner.profiles.sailor import (
 )
 from sailplan.planner.profiles.types import ProfileSet
 from sailplan.planner.simulator import (
-    DEFAULT_CONSTANTS,
+    DEEPSPEED_PIPELINE_CONSTANTS,
     PlanningContext,
     SimulatorConstants,
     in_flight_micro_batches,
@@ -62,13 +62,10 @@ from sailplan.planner.simulator import (
 from sailplan.planner.simulator.memory import FP32_BYTES, TrainingSetup
 
 REPO = Path(__file__).resolve().parents[1]
-# The Sailor runs trained with DeepSpeed's PipelineEngine, whose sends and receives are
-# separate blocking calls (SimulatorConstants.blocking_p2p) of 1/TP parts
-# (partitioned_p2p), and whose gradient all-reduce packs 5e8 elements per bucket
-# (bucket_elements: MEMORY_OPT_ALLREDUCE_SIZE); the rest is the shipped model.
-SAILOR_RUNTIME = dataclasses.replace(
-    DEFAULT_CONSTANTS, blocking_p2p=True, partitioned_p2p=True, bucket_elements=5e8
-)
+# The Sailor runs trained with Megatron-DeepSpeed's PipelineEngine
+# (DEEPSPEED_PIPELINE_CONSTANTS: blocking sends of 1/TP parts, 5e8-element gradient
+# buckets, attention scores stored); the rest is the shipped model.
+SAILOR_RUNTIME = DEEPSPEED_PIPELINE_CONSTANTS
 # The Sailor runs trained in fp32: fp32 gradients in the all-reduce and fp32 tensors across
 # stage boundaries, 4 bytes each. Sources: Sailor's Clariden run script
 # (ae_scripts/clariden_scripts/run_opt.slurm, eth-easl/sailor) gives DeepSpeed a config with

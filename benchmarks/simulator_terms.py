@@ -33,7 +33,6 @@ artifact's raw files, so a difference points at one modelling choice:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import sys
@@ -43,14 +42,16 @@ from typing import Any
 from sailplan.planner.catalog import default_catalog
 from sailplan.planner.profiles.estimate import complete_profiles
 from sailplan.planner.profiles.sailor import import_artifact, plan_from_sailor
-from sailplan.planner.simulator import DEFAULT_CONSTANTS, PlanningContext, simulate
+from sailplan.planner.simulator import (
+    DEEPSPEED_PIPELINE_CONSTANTS,
+    PlanningContext,
+    simulate,
+)
 
 ARTIFACT = Path(__file__).resolve().parents[2] / "shared" / "reference" / "sailor-artifact"
 ZONE = "us-central1-a"
 # DeepSpeed's PipelineEngine, as the artifact's runs trained (blocking, partitioned sends)
-RUNTIME = dataclasses.replace(
-    DEFAULT_CONSTANTS, blocking_p2p=True, partitioned_p2p=True, bucket_elements=5e8
-)
+RUNTIME = DEEPSPEED_PIPELINE_CONSTANTS
 HALF = 2
 # DeepSpeed's gradient bucket, counted in elements per rank (MEMORY_OPT_ALLREDUCE_SIZE)
 BUCKET_BYTES = 5e8 * HALF

@@ -15,7 +15,12 @@ from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.plan import Plan
 from sailplan.planner.precision import PrecisionChoice, resolve_precision
 from sailplan.planner.profiles.types import ProfileSet
-from sailplan.planner.simulator.context import DEFAULT_TRAINING
+from sailplan.planner.simulator.context import (
+    DEEPSPEED_PIPELINE_CONSTANTS,
+    DEFAULT_CONSTANTS,
+    DEFAULT_TRAINING,
+    SimulatorConstants,
+)
 from sailplan.planner.simulator.memory import Precision, TrainingSetup
 
 if TYPE_CHECKING:
@@ -57,6 +62,13 @@ class Objective(BaseModel):
                 "the energy objective needs a throughput floor: set min_samples_per_second"
             )
         return self
+
+
+Runtime = Literal["sailplan", "megatron-deepspeed"]
+RUNTIME_CONSTANTS: dict[str, SimulatorConstants] = {
+    "sailplan": DEFAULT_CONSTANTS,
+    "megatron-deepspeed": DEEPSPEED_PIPELINE_CONSTANTS,
+}
 
 
 class PlanRequest(BaseModel):
@@ -135,6 +147,15 @@ class PlanRequest(BaseModel):
             "Stage.optimizer_offload); False = plan without them"
         ),
     )
+    runtime: Runtime = Field(
+        default="sailplan",
+        description=(
+            "what will train the plan, so it is priced as that runtime runs it: sailplan = "
+            "Sailplan's trainer (what the operator runs); megatron-deepspeed = DeepSpeed's "
+            "pipeline engine as the Sailor runs used it (blocking sends, 5e8-element "
+            "buckets, attention scores stored, so selective recomputation can pay)"
+        ),
+    )
     deadline_seconds: float | None = Field(
         default=None,
         gt=0,
@@ -144,6 +165,10 @@ class PlanRequest(BaseModel):
             "SearchDeadline if it found none. None = search until the optimum is proven"
         ),
     )
+
+    def constants(self) -> SimulatorConstants:
+        """The simulator constants of the runtime that will train the plan."""
+        return RUNTIME_CONSTANTS[self.runtime]
 
     def training_setup(self) -> TrainingSetup:
         """What each GPU holds (simulator/memory.py). bf16 and fp16 price alike, so "auto"

@@ -186,6 +186,7 @@ class Search:
             catalog=catalog,
             optimizer=request.optimizer,
             training=request.training_setup(),
+            constants=request.constants(),
         )
         self.costs: CostModel = self.context.costs
         self.goal = Goal(request.objective, request.global_batch_size)

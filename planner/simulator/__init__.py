@@ -5,6 +5,7 @@ cached API the search calls with the same arithmetic. Both are pure.
 """
 
 from sailplan.planner.simulator.context import (
+    DEEPSPEED_PIPELINE_CONSTANTS,
     DEFAULT_CONSTANTS,
     PlanningContext,
     SimulatorConstants,
@@ -20,6 +21,7 @@ from sailplan.planner.simulator.costs import (
 from sailplan.planner.simulator.simulate import profile_refs, simulate, zone_links
 
 __all__ = [
+    "DEEPSPEED_PIPELINE_CONSTANTS",
     "DEFAULT_CONSTANTS",
     "CostModel",
     "Endpoint",

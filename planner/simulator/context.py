@@ -69,7 +69,12 @@ class SimulatorConstants:
       runs). True = buckets are reduced while the last micro-batch's backward runs and only
       what does not fit under it, at least the last bucket, is exposed.
     - flash_attention: whether attention scores are recomputed instead of stored
-      (Korthikanti's 5as^2b term dropped); the measured runs store them.
+      (Korthikanti's 5as^2b term dropped). True = Sailplan's trainer: its attention is
+      torch's scaled_dot_product_attention, causal, without dropout (trainer/model.py),
+      which on CUDA runs the flash or memory-efficient kernel and keeps only the
+      log-sum-exp, never the s x s scores; so selective recomputation frees nothing there
+      (profiles/selective.py). False = Megatron-DeepSpeed as the Sailor runs used it,
+      which stores the scores.
     - cpu_adam_params_per_s: parameters per second DeepSpeedCPUAdam updates for one rank
       of an offloaded stage (CostModel.offload_seconds): measured by
       `python benchmarks/cpu_adam.py` (docs/benchmarks.md) on the 2-core development VM,
@@ -99,12 +104,19 @@ class SimulatorConstants:
     bucket_bytes: float = 5e8
     bucket_elements: float = 0.0
     overlap_allreduce: bool = False
-    flash_attention: bool = False
+    flash_attention: bool = True
     blocking_p2p: bool = False
     partitioned_p2p: bool = False
 
 
+# Sailplan's trainer: what the operator plans for.
 DEFAULT_CONSTANTS = SimulatorConstants()
+# Megatron-DeepSpeed's PipelineEngine, as the Sailor runs trained (the measured data the
+# simulator is checked on): blocking sends of 1/TP parts, gradients all-reduced in buckets
+# of MEMORY_OPT_ALLREDUCE_SIZE = 5e8 elements, attention scores stored.
+DEEPSPEED_PIPELINE_CONSTANTS = SimulatorConstants(
+    blocking_p2p=True, partitioned_p2p=True, bucket_elements=5e8, flash_attention=False
+)
 DEFAULT_TRAINING = TrainingSetup()
 
 

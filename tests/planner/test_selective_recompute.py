@@ -47,7 +47,9 @@ def _context(constants: SimulatorConstants | None = None) -> PlanningContext:
         model=GPT,
         cluster=ClusterSnapshot(pools=(POOL,)),
         profiles=ProfileSet(compute=(profile,)),
-        constants=constants or SimulatorConstants(),
+        # a runtime that stores the attention scores (Sailplan's trainer does not: there
+        # selective frees nothing, test_flash_attention_leaves_selective_nothing_to_free)
+        constants=constants or SimulatorConstants(flash_attention=False),
     )
 
 
@@ -184,10 +186,18 @@ def _one_gpu(memory_options: bool) -> PlanRequest:
         micro_batch_sizes=(1,),
         top_k=1,
         memory_options=memory_options,
+        runtime="megatron-deepspeed",  # stores the scores that selective recomputation frees
     )
 
 
 def test_the_search_takes_selective_where_it_fits_and_full_is_slower() -> None:
+    # Sailplan's trainer never stores the scores: the same request plans without recomputing
+    trainer = make_plan(
+        _one_gpu(memory_options=True).model_copy(update={"runtime": "sailplan"}),
+        measured=LONG_PROFILES,
+    )
+    assert isinstance(trainer, Planned), trainer
+    assert [s.recompute for s in trainer.best.stages] == ["none"]
     without = make_plan(_one_gpu(memory_options=False), measured=LONG_PROFILES)
     assert isinstance(without, Infeasible) and without.code == "OutOfMemory"
     request = _one_gpu(memory_options=True)
@@ -206,6 +216,7 @@ def test_the_search_takes_selective_where_it_fits_and_full_is_slower() -> None:
         profiles=LONG_PROFILES,
         optimizer="sgd",
         training=request.training_setup(),
+        constants=request.constants(),
     )
     stage = best.stages[0]
     none, full = (

@@ -11,7 +11,6 @@ fp32: 4-byte gradients and boundary tensors (the benchmark's SAILOR_TRAINING, wi
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -19,14 +18,16 @@ import pytest
 from sailplan.planner.catalog import default_catalog
 from sailplan.planner.profiles.cleaning import monotone_in_micro_batch
 from sailplan.planner.profiles.sailor import import_artifact, load_validation_plans
-from sailplan.planner.simulator import DEFAULT_CONSTANTS, PlanningContext, simulate
+from sailplan.planner.simulator import (
+    DEEPSPEED_PIPELINE_CONSTANTS,
+    PlanningContext,
+    simulate,
+)
 from sailplan.planner.simulator.memory import FP32_BYTES, TrainingSetup
 
 ARTIFACT = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "sailor-artifact"
 VALIDATION = ARTIFACT / "validation" / "gh200-opt350"
-DEEPSPEED = dataclasses.replace(
-    DEFAULT_CONSTANTS, blocking_p2p=True, partitioned_p2p=True, bucket_elements=5e8
-)
+DEEPSPEED = DEEPSPEED_PIPELINE_CONSTANTS
 FP32_RUNS = TrainingSetup(parameter_bytes=FP32_BYTES, boundary_element_bytes=FP32_BYTES)
 
 
