@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from sailplan.planner.plan import Plan
+from sailplan.planner.simulator.ties import shared_users
 from sailplan.planner.workerenv import TrainerConfig
 from sailplan.trainer import data as data_mod
 from sailplan.trainer.checkpoint import (
@@ -40,7 +41,6 @@ from sailplan.trainer.model import (
     StageModel,
     local_shard,
     logical_shape,
-    shared_users,
     shared_weight,
 )
 from sailplan.trainer.optimizer import make_optimizer
@@ -60,7 +60,7 @@ class Groups:
     dp_size: int
     checkpoint: Any
     control: Any
-    # per shared parameter (model.shared_users): TP rank 0 of each stage of this pipeline
+    # per shared parameter (ties.shared_users): TP rank 0 of each stage of this pipeline
     # that uses it, when more than one does
     ties: dict[str, Any]
 

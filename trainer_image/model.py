@@ -32,6 +32,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from sailplan.planner.modelspec import ModelSpec
+from sailplan.planner.simulator.ties import shared_users
 from sailplan.trainer.tp import (
     SINGLE,
     ColumnParallelLinear,
@@ -71,22 +72,6 @@ SHARED_ATTRIBUTE = {
     "encoder_bias": "relative_bias",
     "decoder_bias": "relative_bias",
 }
-
-
-def shared_users(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
-    """Shared parameter -> the layers that use it, owner first."""
-    last = spec.num_layers - 1
-    if spec.architecture == "encoder-decoder":
-        decoder = spec.first_decoder_layer
-        tokens = (0, decoder, last) if spec.tied_embeddings else (0, decoder)
-        return {
-            "tokens": tokens,
-            "encoder_bias": tuple(range(1, decoder)),
-            "decoder_bias": tuple(range(decoder, last)),
-        }
-    if spec.is_transformer and spec.tied_embeddings:
-        return {"tokens": (0, last)}
-    return {}
 
 
 def data_layers(spec: ModelSpec) -> frozenset[int]:

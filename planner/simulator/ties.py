@@ -14,9 +14,10 @@ This module says which parameters are shared, how large each is, and which layer
 hold a copy; costs.CostModel prices the copies' memory and gradients (a copy is a
 parameter of its stage: weights, gradients, optimizer states, and in the data-parallel
 all-reduce) and the cross-stage all-reduce; simulate() puts that all-reduce in the tail of
-the stages that take part. `shared_users` mirrors sailplan.trainer.model.shared_users
-(the planner cannot import the trainer); tests/trainer/test_shared_gradient_cost.py checks
-the two agree for every catalog model. Pure.
+the stages that take part. `shared_users` is the rule the trainer's StageModel follows too
+(it imports it from here), so the two cannot disagree; tests/trainer/
+test_shared_gradient_cost.py checks the copies the trainer builds against this module's
+counts. Pure.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ FloatMatrix = npt.NDArray[np.float64]
 
 
 def shared_users(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
-    """Shared parameter -> the layers that use it, owner first (the trainer's rule)."""
+    """Shared parameter -> the layers that use it, owner first (sailplan.trainer.model
+    builds its stages by it)."""
     last = spec.num_layers - 1
     if spec.architecture == "encoder-decoder":
         decoder = spec.first_decoder_layer

@@ -19,16 +19,10 @@ from sailplan.planner.simulator import ties
 from sailplan.planner.simulator.collectives import bucket_count
 from sailplan.planner.simulator.memory import REPLICATED_BUCKET_BYTES, TRAINER_BUCKET_ELEMENTS
 from sailplan.trainer import grads, zero
-from sailplan.trainer.model import StageModel, shared_users
+from sailplan.trainer.model import StageModel
 from sailplan.trainer.tp import TPGroup
 
 CATALOG = default_catalog()
-
-
-@pytest.mark.parametrize("name", CATALOG.model_names())
-def test_the_simulator_shares_the_parameters_the_trainer_shares(name: str) -> None:
-    spec = CATALOG.model(name)
-    assert ties.shared_users(spec) == shared_users(spec)
 
 
 def _splits(spec: ModelSpec) -> list[tuple[int, int]]:

@@ -14,13 +14,13 @@ from trainer_harness import TINY, TINY_LLAMA, TINY_T5, TINY_TIED, TINY_WRN
 
 from sailplan.planner.catalog import default_catalog
 from sailplan.planner.modelspec import ModelSpec
+from sailplan.planner.simulator.ties import shared_users
 from sailplan.trainer.model import (
     StageModel,
     build_layer,
     build_shared,
     local_shard,
     param_splits,
-    shared_users,
 )
 from sailplan.trainer.tp import TPGroup, shard_range, vocab_parallel_cross_entropy
 
