@@ -23,12 +23,11 @@ model states (one replica, torch Adam) must equal the simulator's terms exactly.
 
 from __future__ import annotations
 
-import gc
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
+from kept_storage import kept_after
 from rank_memory import (
     BUCKET_ELEMENTS,
     MICRO_BATCH_SIZE,
@@ -42,9 +41,6 @@ from rank_memory import (
     train,
     write_report,
 )
-from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from sailplan.planner.catalog import default_catalog
 from sailplan.planner.cluster import ClusterSnapshot, Pool
@@ -193,22 +189,6 @@ def test_offloaded_stage_terms_match_what_deepspeed_holds(
             assert at_step + report["device_partition"] <= predicted.gradients + PADDING
 
 
-class _Created(TorchDispatchMode):
-    """Weak references to every storage an operation creates while the mode is on."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.storages: dict[int, tuple[StorageWeakRef, int]] = {}
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes():
-                storage = t.untyped_storage()
-                self.storages[storage.data_ptr()] = (StorageWeakRef(storage), storage.nbytes())
-        return out
-
-
 def _kept_bytes(recompute: bool) -> tuple[int, dict[str, int]]:
     """Activation bytes one micro-batch of stage [1, 4) keeps after its forward, with its
     received input; and the stage's model-state bytes after a step (one replica)."""
@@ -230,20 +210,11 @@ def _kept_bytes(recompute: bool) -> tuple[int, dict[str, int]]:
         tp_group=None,
         num_micro_batches=1,
     )
-    owned = {p.untyped_storage().data_ptr() for p in params}
     received = torch.randn(
         MICRO_BATCH_SIZE, SPEC.sequence_length, SPEC.hidden_size, requires_grad=True
     )
     targets = torch.randint(0, SPEC.vocab_size, (MICRO_BATCH_SIZE, SPEC.sequence_length))
-    created = _Created()
-    with created:
-        loss = model((received,), {"targets": targets})
-    gc.collect()
-    kept = sum(
-        nbytes
-        for ptr, (ref, nbytes) in created.storages.items()
-        if not ref.expired() and ptr not in owned
-    )
+    loss, kept = kept_after(lambda: model((received,), {"targets": targets}), params)
     assert isinstance(loss, torch.Tensor)
     loss.backward()  # type: ignore[no-untyped-call]
     states = {

@@ -22,15 +22,12 @@ such a stage is an overestimate, and docs/guide/memory-options.md says so.
 
 from __future__ import annotations
 
-import gc
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from kept_storage import kept_after
 from trainer_harness import TINY, TINY_LLAMA, TINY_T5, make_plan, step_losses, trainer_config
 
 from sailplan.planner.modelspec import ModelSpec
@@ -104,39 +101,13 @@ def test_selective_gives_the_same_loss_and_gradients(
         torch.testing.assert_close(selective_grads[name], grad, rtol=RELATIVE, atol=1e-9)
 
 
-class _Created(TorchDispatchMode):
-    """Weak references to every storage an operation creates while the mode is on."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.storages: dict[int, tuple[StorageWeakRef, int]] = {}
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes():
-                storage = t.untyped_storage()
-                self.storages[storage.data_ptr()] = (StorageWeakRef(storage), storage.nbytes())
-        return out
-
-
 def _kept_bytes(spec: ModelSpec, mode: str) -> int:
     """Bytes of the storages one forward created that are still alive (parameters excluded)."""
     model = StageModel(spec, 0, spec.num_layers)
     model.initialise(seed=3)
     model.set_recompute(mode)
-    owned = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    owned |= {b.untyped_storage().data_ptr() for b in model.buffers()}
-    created = _Created()
     batch = _batch(spec)
-    with created:
-        loss = model(None, batch)
-    gc.collect()
-    kept = sum(
-        nbytes
-        for ptr, (ref, nbytes) in created.storages.items()
-        if not ref.expired() and ptr not in owned
-    )
+    loss, kept = kept_after(lambda: model(None, batch), [*model.parameters(), *model.buffers()])
     del loss
     return kept
 
