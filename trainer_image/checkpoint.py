@@ -18,7 +18,8 @@ optimizer only, without that engine, and reads its state per parameter instead.
 Completeness: DCP writes `.metadata` only after every rank's data, and rank 0 then writes
 `sailplan-complete.json` (write-to-temp then rename). Resume considers only directories with
 that marker, so a save cut short by SIGKILL is never picked up; pruning keeps the newest
-`keep` complete checkpoints and removes incomplete ones older than the newest complete.
+`keep` complete checkpoints and removes incomplete ones older than the newest complete,
+each checkpoint's marker before its files, so a prune cut short leaves it incomplete.
 
 Who writes: replica 0 of each stage gathers each TP-sharded parameter and its full moments
 onto its TP rank 0 (on the host), which contributes them; under ZeRO every replica first
@@ -135,6 +136,11 @@ class CheckpointStore:
         for step, path in self._steps():
             if step in kept or (step not in complete and step > max(complete)):
                 continue  # keep the newest; an incomplete newer one may still be being written
+            if step in complete:
+                # The marker goes first: a process killed in the middle of the deletion
+                # leaves an incomplete checkpoint, which is ignored, never one still marked
+                # complete whose files are partly gone.
+                self.fs.rm(f"{path}/{MARKER}")
             self.fs.rm(path, recursive=True)
             removed.append(step)
         return removed

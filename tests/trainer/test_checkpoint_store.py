@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from sailplan.trainer.checkpoint import CheckpointStore, step_dirname
 
 
@@ -46,3 +48,34 @@ def test_an_fsspec_url_root_follows_the_same_rules() -> None:
     assert latest.path == "memory://sailplan-test/ckpt/step-000000002"
     assert store.prune(keep=1) == [1]
     assert type(store.writer(2)).__name__ == "FsspecWriter"
+
+
+def test_a_prune_killed_partway_leaves_no_complete_checkpoint_without_its_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trainer killed while pruning: a recursive removal that got as far as the data but
+    not the marker must not leave a checkpoint still marked complete (a restart could pick
+    it up with its files gone, as a SIGKILL during pruning once left step 1)."""
+    store = CheckpointStore(str(tmp_path))
+    for step in (1, 2, 3):
+        _write(tmp_path, step, True, store)
+
+    class KilledError(Exception):
+        pass
+
+    real_rm = store.fs.rm
+
+    def killed_after_the_data(path: str, recursive: bool = False) -> None:
+        if not recursive:
+            real_rm(path)
+            return
+        for data in Path(path).glob("*.distcp"):
+            data.unlink()
+        raise KilledError
+
+    monkeypatch.setattr(store.fs, "rm", killed_after_the_data)
+    with pytest.raises(KilledError):
+        store.prune(keep=2)
+    for info in store.complete():
+        assert (Path(info.path) / "__0_0.distcp").exists(), info.step
+    assert [info.step for info in store.complete()] == [2, 3]
