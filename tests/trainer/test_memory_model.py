@@ -35,6 +35,7 @@ from rank_memory import (
     SPEC,
     held_bytes,
     join,
+    leave,
     spawn,
     stage,
     train,
@@ -54,7 +55,6 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def _replica(rank: int, port: int, zero_stage: int, dtype: str, out: Path) -> None:
-    import torch.distributed as dist
 
     join(rank, port)
     try:
@@ -99,7 +99,7 @@ def _replica(rank: int, port: int, zero_stage: int, dtype: str, out: Path) -> No
             },
         )
     finally:
-        dist.destroy_process_group()
+        leave()
 
 
 def test_the_trainer_bucket_is_the_one_the_simulator_prices() -> None:

@@ -35,6 +35,7 @@ from rank_memory import (
     REPLICAS,
     SPEC,
     join,
+    leave,
     spawn,
     stage,
     tensor_bytes,
@@ -63,7 +64,6 @@ def _cpu_adam_built() -> None:
 
 
 def _offload_replica(rank: int, port: int, zero_stage: int, dtype: str, out: Path) -> None:
-    import torch.distributed as dist
 
     join(rank, port)
     try:
@@ -105,7 +105,7 @@ def _offload_replica(rank: int, port: int, zero_stage: int, dtype: str, out: Pat
             },
         )
     finally:
-        dist.destroy_process_group()
+        leave()
 
 
 @pytest.mark.parametrize(

@@ -36,8 +36,7 @@ from typing import Any, Literal
 
 import pytest
 import torch
-import torch.distributed as dist
-from rank_memory import join, spawn, stage, write_report
+from rank_memory import join, leave, spawn, stage, write_report
 from trainer_harness import TINY, make_plan, step_losses, trainer_config
 
 from sailplan.planner.plan import Plan
@@ -185,7 +184,7 @@ def _replica(rank: int, port: int, dtype: str, out: Path) -> None:
         plain, skipped = _run(rank, dtype, False), _run(rank, dtype, True)
         write_report(out, rank, {"plain": plain, "skipped": skipped})
     finally:
-        dist.destroy_process_group()
+        leave()
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])

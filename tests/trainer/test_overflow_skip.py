@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from rank_memory import free_port, join, spawn, stage, write_report
+from rank_memory import free_port, join, leave, spawn, stage, write_report
 
 from sailplan.planner.modelspec import ModelSpec
 
@@ -71,7 +71,7 @@ def _replica(rank: int, port: int, zero_stage: int, out: Path) -> None:
         skipped = _train(rank, zero_stage, skip_first=True)
         write_report(out, rank, {"plain": plain, "skipped": skipped})
     finally:
-        dist.destroy_process_group()
+        leave()
 
 
 @pytest.mark.parametrize("zero_stage", [0, 1, 2])
@@ -113,7 +113,7 @@ def test_fp16_hooks_unscale_gradients_and_flag_overflow() -> None:
         assert not precision.step_ok(None)
         assert precision.loss_scale == INITIAL_SCALE / 2
     finally:
-        dist.destroy_process_group()
+        leave()
 
 
 def test_fp16_hooks_leave_16_bit_gradients_scaled_for_the_optimizer() -> None:
@@ -138,4 +138,4 @@ def test_fp16_hooks_leave_16_bit_gradients_scaled_for_the_optimizer() -> None:
         assert precision.grad_scale == INITIAL_SCALE
         assert precision.step_ok(None)
     finally:
-        dist.destroy_process_group()
+        leave()

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from rank_memory import REPLICAS, join, spawn, stage, write_report
+from rank_memory import REPLICAS, join, leave, spawn, stage, write_report
 
 from sailplan.planner.modelspec import ModelSpec
 
@@ -35,7 +35,6 @@ FP32 = 4
 
 
 def _replica(rank: int, port: int, zero_stage: int, out: Path) -> None:
-    import torch.distributed as dist
 
     join(rank, port)
     try:
@@ -59,7 +58,7 @@ def _replica(rank: int, port: int, zero_stage: int, out: Path) -> None:
             },
         )
     finally:
-        dist.destroy_process_group()
+        leave()
 
 
 def _run(zero_stage: int, tmp_path: Path) -> list[dict[str, Any]]:
