@@ -202,11 +202,11 @@ def pool_status(
             by_zone.setdefault(zone, [])
     zone_names = sorted(by_zone)
     new_gpus = new_node_gpus(autoscaling) if autoscaling is not None else 0
-    possible = (
-        possible_nodes(autoscaling, {z: len(by_zone[z]) for z in zone_names}, zone_names)
-        if autoscaling is not None
-        else {}
-    )
+    # A node still starting is counted among the nodes the pool may add, not among those
+    # it has: it is not ready, and counting it against the maximum alone would make the
+    # capacity a job was planned on dip while its node comes up.
+    existing = {z: sum(1 for n in by_zone[z] if not n.starting) for z in zone_names}
+    possible = possible_nodes(autoscaling, existing, zone_names) if autoscaling is not None else {}
     backoffs: dict[str, ZoneBackoff] = {}
     if autoscaling is not None:
         previous = {z.zone: z for z in pool.status.zones}

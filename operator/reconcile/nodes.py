@@ -31,6 +31,9 @@ class NodeInfo:
     ready: bool = False
     unschedulable: bool = False
     gpus_allocatable: int = 0
+    # No Ready condition yet: a Node object made before its kubelet reported (Karpenter
+    # creates them so). Capacity on its way, unlike a node whose kubelet stopped answering.
+    starting: bool = False
 
     @property
     def zone(self) -> str:
@@ -54,10 +57,8 @@ def node_info(body: Mapping[str, Any]) -> NodeInfo:
     metadata = body.get("metadata") or {}
     spec = body.get("spec") or {}
     status = body.get("status") or {}
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in status.get("conditions") or ()
-    )
+    readiness = [c for c in status.get("conditions") or () if c.get("type") == "Ready"]
+    ready = any(c.get("status") == "True" for c in readiness)
     allocatable = (status.get("allocatable") or {}).get(GPU_RESOURCE, 0)
     return NodeInfo(
         name=str(metadata.get("name", "")),
@@ -65,6 +66,7 @@ def node_info(body: Mapping[str, Any]) -> NodeInfo:
         ready=ready,
         unschedulable=bool(spec.get("unschedulable", False)),
         gpus_allocatable=_int_quantity(allocatable),
+        starting=not readiness,
     )
 
 

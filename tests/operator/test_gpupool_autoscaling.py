@@ -15,7 +15,7 @@ from sailplan.operator.api import gpupool as api
 from sailplan.operator.api.common import find_condition
 from sailplan.operator.api.gpupool import GPUPool
 from sailplan.operator.reconcile.gpupool import pool_status
-from sailplan.operator.reconcile.nodes import NodeInfo, pod_gpu_reservation
+from sailplan.operator.reconcile.nodes import NodeInfo, node_info, pod_gpu_reservation
 from sailplan.operator.reconcile.snapshot import build_snapshot, usable_nodes, with_reservations
 from sailplan.operator.replan.triggers import capacity_snapshot, pod_facts
 from sailplan.planner.catalog import Catalog, default_catalog
@@ -77,6 +77,39 @@ def test_existing_and_provisioning_nodes_count_against_the_maximum(catalog: Cata
     # The planner sees the free ready node plus the one the zone may still add.
     pools = build_snapshot([spec.model_copy(update={"status": status})]).pools
     assert (pools[0].nodes, pools[0].obtainable_nodes, pools[0].ready_nodes) == (2, 1, 1)
+
+
+def test_a_node_still_starting_stays_capacity_the_pool_may_add(catalog: Catalog) -> None:
+    # Karpenter creates the Node before its kubelet reports (no Ready condition): at the
+    # maximum, a job planned on both nodes must still see two while the second comes up,
+    # or it replans for capacity it never lost
+    spec = autoscaled("A100", gpusPerNode=4, maxNodesPerZone=2)
+    starting = NodeInfo(
+        name="a2",
+        labels={api.NODEPOOL_LABEL: "a100", api.ZONE_LABEL: ZONE_A},
+        gpus_allocatable=4,
+        starting=True,
+    )
+    status = pool_status(spec, [node("a1", ZONE_A), starting], {}, catalog, NOW)
+    a = status.zones[0]
+    assert (a.nodes_ready, a.nodes_provisioning, a.nodes_possible) == (1, 1, 1)
+    pools = build_snapshot([spec.model_copy(update={"status": status})]).pools
+    assert (pools[0].nodes, pools[0].obtainable_nodes) == (2, 1)
+    # a node whose kubelet stopped answering (Ready False) is not coming back by itself
+    lost = pool_status(
+        spec, [node("a1", ZONE_A), node("a2", ZONE_A, ready=False)], {}, catalog, NOW
+    )
+    assert lost.zones[0].nodes_possible == 0
+
+
+def test_node_info_tells_a_starting_node_from_a_lost_one() -> None:
+    def info(conditions: list[dict[str, str]]) -> NodeInfo:
+        return node_info({"metadata": {"name": "n"}, "status": {"conditions": conditions}})
+
+    assert info([]).starting and not info([]).ready
+    assert not info([{"type": "Ready", "status": "False"}]).starting
+    assert not info([{"type": "Ready", "status": "Unknown"}]).starting
+    assert info([{"type": "Ready", "status": "True"}]).ready
 
 
 def test_a_pool_wide_maximum_is_split_over_the_zones_never_exceeding_it(catalog: Catalog) -> None:
