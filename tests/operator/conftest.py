@@ -96,6 +96,12 @@ def operator(
             custom.delete_namespaced_custom_object(
                 GROUP, VERSION, namespace, "trainingjobs", job["metadata"]["name"]
             )
+        # With the operator gone, a worker would wait out its grace period (a preempted
+        # one's included) and the garbage collector on a loaded machine: the next test needs
+        # the GPUs now, not what this one's pods would do on their way out.
+        core.delete_collection_namespaced_pod(
+            namespace, label_selector=JOB_LABEL, grace_period_seconds=0
+        )
         wait_for(
             "test pods gone",
             lambda: not core.list_namespaced_pod(namespace, label_selector=JOB_LABEL).items,
