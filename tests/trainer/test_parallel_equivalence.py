@@ -74,6 +74,10 @@ def single_process(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[f
         # LLaMA shape (RMSNorm, SwiGLU, rotary, GQA 4:2) with TP 2 then TP 1, 2 replicas: a
         # ZeRO-1 DP group per stage and per TP rank
         pytest.param(TINY_LLAMA, [(0, 2, 2), (2, 4, 1)], 2, 2, 1, id="llama-pp2-tp2-tp1-dp2"),
+        # ZeRO-2 with TP 2 on the first stage and 2 replicas: each stage's gradients are
+        # reduced and partitioned in a DP group per TP rank, so a TP rank's shard must be
+        # averaged only with the same shard of the other replica
+        pytest.param(TINY, [(0, 2, 2), (2, 6, 1)], 2, 2, 2, id="opt-pp2-tp2-tp1-dp2-zero2"),
         # tied embeddings across stages (the last stage keeps a synchronised copy) with TP 2
         # on the last stage over a vocabulary of 63 that splits 32 + 31
         pytest.param(TINY_TIED, [(0, 2, 1), (2, 5, 2)], 1, 2, 1, id="tied-pp2-tp1-tp2"),
