@@ -3,7 +3,8 @@
 - power.py: the energy model per GPU type (catalog power fields or a measured
   PowerProfile) and a stage's time at a lowered clock;
 - frequency.py: the clocks of one pipeline under the simulator's 1F1B schedule that use the
-  least energy within a deadline (the "no slowdown" point at the fastest deadline);
+  least energy within a deadline: one clock per stage (solve_single, what the node agent
+  applies) or a clock per pass kind (solve, Perseus' per-pass answer, reported only);
 - plan_energy.py: a Plan's energy per iteration at default clocks and at no slowdown, and
   its iteration time-energy frontier.
 
@@ -17,6 +18,7 @@ from sailplan.planner.energy.frequency import (
     default_clocks,
     pipeline_seconds,
     solve,
+    solve_single,
 )
 from sailplan.planner.energy.plan_energy import (
     JOULES_PER_KWH,
@@ -56,6 +58,7 @@ __all__ = [
     "plan_energy",
     "simulate_energy",
     "solve",
+    "solve_single",
     "usd_for",
     "with_energy",
 ]

@@ -32,6 +32,18 @@ greedy is a heuristic (Perseus solves its DAG with a graph-cut algorithm that is
 per deadline); each move strictly lowers the energy, so it terminates and never ends above
 the fastest state's energy.
 
+solve_single() is what a GPU can apply: the node agent locks one clock per GPU, so every
+pass of a stage runs at one clock (fill_i == steady_i). A slower stage then lengthens the
+fill chain as well as, possibly, the cycle:
+
+    T(l) = sum_i t_i(l_i) + 2 sum_k x_k + (M - 1) max_i (t_i(l_i) + x_{i-1} + x_i)
+
+and at the fastest deadline no stage can slow down at all (unless a lower clock costs it
+no time): the saving Perseus gets at no slowdown needs per-pass clock switching. A small
+allowed slowdown buys most of it back, since a non-critical stage's slowing costs only its
+one fill pass. solve_single() is exact (see its docstring); solve() stays the per-pass
+(two-clock) answer, reported as what per-pass switching would save.
+
 Pure and deterministic; numpy only.
 """
 
@@ -222,3 +234,137 @@ def solve(problem: PipelineProblem, deadline: float) -> PipelineClocks:
         seconds=pipeline_seconds(problem, fill_levels, steady_levels),
         effective_joules=effective_joules(problem, fill_levels, steady_levels),
     )
+
+
+def _efficient_levels(stage: StageOptions) -> list[int]:
+    """Levels (fastest first) whose energy is below every faster level's: any other level
+    is dominated by a faster one that costs no more energy."""
+    kept = [0]
+    for level in range(1, len(stage.seconds)):
+        if stage.effective_joules[level] < stage.effective_joules[kept[-1]]:
+            kept.append(level)
+    return kept
+
+
+def solve_single(
+    problem: PipelineProblem, deadline: float, *, watts_of_time: float = 0.0
+) -> PipelineClocks:
+    """Least effective energy with ONE clock per stage (fill == steady) and the pipeline
+    time at most `deadline`; exact. With watts_of_time > 0 the objective is the effective
+    energy plus watts_of_time x the pipeline time (the blocking power every GPU draws for
+    as long as the iteration lasts), still exact.
+
+    Method: the answer's cycle is one of the stages' cycle lengths t_i(l) + links_i (at a
+    level no faster level beats in energy: any other level is dominated). For each such
+    cycle C with (M - 1) C within the deadline, every stage may take the levels whose
+    cycle fits C, and the fill chain sum_i t_i(l_i) has the budget
+    deadline - 2 sum x - (M - 1) C: a multiple-choice knapsack (stage i's cost at level l
+    is M e_i(l) + watts_of_time t_i(l)), solved exactly by merging the stages' Pareto
+    fronts of (time, cost) (Nemhauser-Ullmann), pruned by the budget and by the best
+    objective found so far. The least over C is the optimum: at the optimum's own cycle
+    its assignment is feasible and priced exactly, and an assignment feasible for any C
+    meets the deadline at no more than the price it was given. A deadline below the
+    fastest time gives the fastest state.
+    """
+    stages = problem.stages
+    m = problem.micro_batches - 1
+    fastest = tuple(0 for _ in stages)
+    t_fast = pipeline_seconds(problem, fastest, fastest)
+    tol = _REL_TOL * max(abs(deadline), t_fast) if np.isfinite(deadline) else 0.0
+    limit = max(deadline, t_fast) + tol
+    options = [_efficient_levels(s) for s in stages]
+    seconds = [
+        np.asarray(s.seconds, dtype=np.float64)[o] for s, o in zip(stages, options, strict=True)
+    ]
+    costs = [
+        (m + 1) * np.asarray(s.effective_joules, dtype=np.float64)[o] + watts_of_time * sec
+        for s, o, sec in zip(stages, options, seconds, strict=True)
+    ]
+    cycles_of = [sec + s.links for sec, s in zip(seconds, stages, strict=True)]
+    c0 = max(float(c[0]) for c in cycles_of)
+    if m > 0:
+        candidates = sorted(
+            {c0}
+            | {float(x) for c in cycles_of for x in c if x > c0 and m * (x - c0) <= limit - t_fast}
+        )
+    else:
+        candidates = [max(float(c[-1]) for c in cycles_of)]  # no steady state: any cycle
+    best_value = np.inf
+    best: tuple[int, ...] = fastest
+    min_time = [float(sec[0]) for sec in seconds]
+    for cycle in candidates:
+        allowed = [int(np.searchsorted(c, cycle * (1 + _REL_TOL), side="right")) for c in cycles_of]
+        budget = limit - problem.fill_links - m * cycle
+        steady_cost = watts_of_time * m * cycle
+        cheapest = [int(np.argmin(c[:a])) for c, a in zip(costs, allowed, strict=True)]
+        least = [float(c[k]) for c, k in zip(costs, cheapest, strict=True)]
+        bound = sum(least) + steady_cost
+        if np.isfinite(best_value) and bound >= best_value - _REL_TOL * abs(best_value):
+            continue  # even unconstrained by the budget this cycle cannot do better
+        if sum(float(sec[k]) for sec, k in zip(seconds, cheapest, strict=True)) <= budget:
+            best_value, best = bound, tuple(cheapest)
+            continue
+        found = _knapsack(
+            [sec[:a] for sec, a in zip(seconds, allowed, strict=True)],
+            [c[:a] for c, a in zip(costs, allowed, strict=True)],
+            budget=budget,
+            ceiling=best_value - steady_cost,
+            min_time=min_time,
+            least=least,
+        )
+        if found is not None:
+            best_value, best = found[0] + steady_cost, found[1]
+    levels = tuple(options[i][k] for i, k in enumerate(best))
+    return PipelineClocks(
+        fill=levels,
+        steady=levels,
+        seconds=pipeline_seconds(problem, levels, levels),
+        effective_joules=effective_joules(problem, levels, levels),
+    )
+
+
+def _knapsack(
+    seconds: Sequence[FloatArray],
+    costs: Sequence[FloatArray],
+    *,
+    budget: float,
+    ceiling: float,
+    min_time: Sequence[float],
+    least: Sequence[float],
+) -> tuple[float, tuple[int, ...]] | None:
+    """Least sum of costs with sum of seconds <= budget, one option per stage (seconds
+    rising): Pareto fronts of (time, cost) merged stage by stage, pruned by the budget and
+    the ceiling (min_time, least: each stage's least time and cost, for the stages still to
+    come). None when nothing costs less than `ceiling`."""
+    n = len(seconds)
+    below = ceiling - _REL_TOL * abs(ceiling) if np.isfinite(ceiling) else np.inf
+    rest_time = np.concatenate([np.cumsum(np.asarray(min_time[::-1]))[::-1], [0.0]])
+    rest_cost = np.concatenate([np.cumsum(np.asarray(least[::-1]))[::-1], [0.0]])
+    front_t = np.zeros(1)
+    front_c = np.zeros(1)
+    history: list[tuple[IntArray, IntArray]] = []
+    for i in range(n):
+        sec = seconds[i]
+        t = (front_t[:, None] + sec[None, :]).ravel()
+        c = (front_c[:, None] + costs[i][None, :]).ravel()
+        parent = np.repeat(np.arange(len(front_t)), len(sec))
+        level = np.tile(np.arange(len(sec)), len(front_t))
+        keep = (t + rest_time[i + 1] <= budget) & (c + rest_cost[i + 1] < below)
+        t, c, parent, level = t[keep], c[keep], parent[keep], level[keep]
+        if len(t) == 0:
+            return None
+        order = np.lexsort((c, t))
+        t, c, parent, level = t[order], c[order], parent[order], level[order]
+        running = np.minimum.accumulate(c)
+        pareto = np.ones(len(c), dtype=bool)
+        pareto[1:] = c[1:] < running[:-1]
+        front_t, front_c = t[pareto], c[pareto]
+        history.append((parent[pareto], level[pareto]))
+    k = int(np.argmin(front_c))
+    value = float(front_c[k])
+    chosen = [0] * n
+    for i in range(n - 1, -1, -1):
+        parents, levels = history[i]
+        chosen[i] = int(levels[k])
+        k = int(parents[k])
+    return value, tuple(chosen)

@@ -1,0 +1,113 @@
+"""One SM clock per stage (frequency.solve_single): what the node agent can apply.
+
+A GPU holds one locked clock, so every pass of a stage runs at one clock. The one-clock
+solver is checked against exhaustive enumeration of every one-clock assignment of small
+pipelines built from the datasheet power model (the independent reason for the expected
+answers), with and without a price on time (blocking power); the per-pass solver
+(solve, a second clock for the warm-up/cool-down pass) is shown to give a different,
+unappliable answer on the same pipeline.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from sailplan.planner.catalog import default_catalog
+from sailplan.planner.energy import (
+    EnergyModel,
+    PipelineProblem,
+    StageOptions,
+    default_clocks,
+    pipeline_seconds,
+    solve,
+    solve_single,
+)
+from sailplan.planner.energy.frequency import effective_joules
+
+CATALOG = default_catalog()
+
+
+def _stage(base: float, share: float, links: float, every: int = 6) -> StageOptions:
+    """A stage on the A100 datasheet curve, keeping every `every`-th clock level."""
+    curve = EnergyModel(CATALOG).curve("A100-40")
+    keep = range(0, len(curve.mhz), every)
+    factors = curve.time_factors(share)
+    seconds = [base * factors[k] for k in keep]
+    joules = [
+        (curve.load_watts[k] - curve.blocking_watts) * t for k, t in zip(keep, seconds, strict=True)
+    ]
+    return StageOptions(
+        mhz=tuple(curve.mhz[k] for k in keep),
+        seconds=tuple(seconds),
+        effective_joules=tuple(joules),
+        links=links,
+    )
+
+
+def _problem(micro_batches: int = 8) -> PipelineProblem:
+    """Three stages of unequal length: the middle one sets the cycle."""
+    link = 0.002
+    return PipelineProblem(
+        stages=(
+            _stage(0.06, 0.9, link),
+            _stage(0.10, 0.8, 2 * link),
+            _stage(0.04, 0.6, link),
+        ),
+        micro_batches=micro_batches,
+        fill_links=4 * link,
+    )
+
+
+def _brute_force(problem: PipelineProblem, deadline: float, watts: float) -> float:
+    """The least effective energy + watts x time over every one-clock assignment that
+    meets the deadline (all of them: no pruning, no ordering)."""
+    best = math.inf
+    ranges = [range(len(s.mhz)) for s in problem.stages]
+    for levels in itertools.product(*ranges):
+        seconds = pipeline_seconds(problem, levels, levels)
+        if seconds <= deadline * (1 + 1e-12):
+            best = min(best, effective_joules(problem, levels, levels) + watts * seconds)
+    return best
+
+
+@pytest.mark.parametrize("micro_batches", [1, 8])
+@pytest.mark.parametrize("slowdown", [0.0, 0.002, 0.01, 0.05, 0.3, math.inf])
+@pytest.mark.parametrize("watts", [0.0, 400.0])
+def test_one_clock_answer_is_the_least_of_every_one_clock_assignment(
+    micro_batches: int, slowdown: float, watts: float
+) -> None:
+    problem = _problem(micro_batches)
+    assert math.prod(len(s.mhz) for s in problem.stages) > 1000  # a real enumeration
+    deadline = default_clocks(problem).seconds * (1 + slowdown)
+    found = solve_single(problem, deadline, watts_of_time=watts)
+    assert found.fill == found.steady
+    assert found.seconds <= deadline * (1 + 1e-12)
+    assert math.isclose(found.seconds, pipeline_seconds(problem, found.fill, found.steady))
+    expected = _brute_force(problem, deadline, watts)
+    assert math.isclose(found.effective_joules + watts * found.seconds, expected, rel_tol=1e-12)
+
+
+def test_per_pass_and_one_clock_answers_differ_at_no_slowdown() -> None:
+    problem = _problem()
+    default = default_clocks(problem)
+    fastest = default.seconds
+    per_pass = solve(problem, fastest)
+    one = solve_single(problem, fastest)
+    # per pass: the short stages slow their steady passes for free, their fill pass stays
+    # at the maximum clock; a GPU cannot hold those two clocks
+    assert per_pass.fill != per_pass.steady
+    assert per_pass.effective_joules < default.effective_joules
+    # one clock: every slower level lengthens the fill chain, so nothing moves
+    assert one.fill == one.steady == (0, 0, 0)
+    assert math.isclose(one.effective_joules, _brute_force(problem, fastest, 0.0))
+    # what running the per-pass steady clocks as one clock would really take: longer than
+    # the no-slowdown deadline, the gap the one-clock solver closes
+    applied = pipeline_seconds(problem, per_pass.steady, per_pass.steady)
+    assert applied > fastest
+    # a little more time, and one clock recovers most of the per-pass saving
+    slowed = solve_single(problem, fastest * 1.02)
+    saved_per_pass = default.effective_joules - per_pass.effective_joules
+    assert default.effective_joules - slowed.effective_joules > 0.5 * saved_per_pass
