@@ -3,8 +3,10 @@
 Called only by planner/cli.py. The energy model and the frequency planner are pure
 (planner/energy); this edge puts `--energy-price` on the cluster's pools, rebuilds the
 planning context of a chosen plan, prices it at `--max-slowdown`'s point of the frontier
-(TrainingJob spec.energy.maxSlowdown), renders the report as lines, and draws the frontier
-with matplotlib (imported here only, never by the planner core:
+(TrainingJob spec.energy.maxSlowdown), renders the report as lines (the clocks a job runs
+with are one per GPU, as the node agent locks them; the per-pass figure Perseus would reach
+by switching clocks inside the trainer is printed beside them, labelled as not applied),
+and draws the frontier with matplotlib (imported here only, never by the planner core:
 `pip install 'sailplan[plot]'`). Every user mistake is an InputError with one line.
 """
 
@@ -90,6 +92,7 @@ def report_for(
             frontier_points=FRONTIER_POINTS if frontier else 0,
             max_slowdown=max_slowdown,
             max_iteration_seconds=max_iteration_seconds,
+            per_pass=True,
         )
     except (EnergyError, MissingProfileError) as error:
         raise InputError(str(error)) from None
@@ -133,9 +136,16 @@ def energy_lines(report: EnergyReport, usd_per_kwh: float | None) -> list[str]:
         f"energy {default.joules_per_iteration / 1e3:.2f} kJ/iteration at default clocks; "
         f"{best.joules_per_iteration / 1e3:.2f} kJ at no slowdown "
         f"(saves {report.saved_fraction * 100:.1f}%, iteration {best.iteration_seconds:.3f} s; "
-        f"{report.source} power model)",
+        f"one clock per GPU, as the node agent locks it; {report.source} power model)",
         f"no-slowdown SM clocks (MHz): {_clocks(best)}",
     ]
+    per_pass = report.per_pass
+    if per_pass is not None:
+        saved = 1 - per_pass.joules_per_iteration / default.joules_per_iteration
+        lines.append(
+            f"per-pass clocks (not applied: they need clock switching inside the trainer) "
+            f"would save {saved * 100:.1f}% at no slowdown: {_clocks(per_pass)}"
+        )
     planned = report.planned
     if planned is not None:
         slower = planned.iteration_seconds / default.iteration_seconds - 1

@@ -1,5 +1,15 @@
 """Energy of a Plan per iteration: at default clocks, at no slowdown, and the frontier.
 
+Every point this module reports as a plan's clocks (no slowdown, the allowed slowdown,
+the frontier, and so Predictions.energy, which the node agent applies) gives each stage
+replica ONE SM clock for all its passes (frequency.solve_single): a GPU holds one locked
+clock, so the time and joules predicted are those of what runs. Perseus' per-pass answer
+(a second clock for the warm-up/cool-down pass, frequency.solve) needs clock switching
+inside the trainer, which Sailplan does not do; `EnergyReport.per_pass` carries it, when
+asked, as what per-pass switching would save, never as clocks to apply. With one clock a
+stage cannot slow down at no slowdown without lengthening the fill chain, so the
+no-slowdown saving is small or none; a small allowed slowdown buys most of Perseus' back.
+
 A request may allow a slowdown (PlanRequest.energy_max_slowdown, TrainingJob
 spec.energy.maxSlowdown): the clocks it gets are then the least energy the frequency
 planner finds with the iteration at most (1 + max_slowdown) x the default-clock time (and
@@ -37,6 +47,7 @@ from sailplan.planner.energy.frequency import (
     StageOptions,
     default_clocks,
     solve,
+    solve_single,
 )
 from sailplan.planner.energy.power import EnergyModel, PowerProfile, clock_scaled_share
 from sailplan.planner.plan import EnergyPrediction, Plan, Predictions, StageClocks
@@ -53,7 +64,8 @@ SLOWDOWN_STEP = 0.05
 
 @dataclass(frozen=True)
 class FrontierPoint:
-    """One frequency plan: iteration time, GPU energy, and the clocks (stage x pipeline)."""
+    """One frequency plan: iteration time, GPU energy, and the clocks (stage x pipeline).
+    One clock per GPU (fill == steady) except EnergyReport.per_pass."""
 
     iteration_seconds: float
     joules_per_iteration: float
@@ -75,6 +87,9 @@ class EnergyReport:
     source: str  # "datasheet" or "measured"
     planned: FrontierPoint | None = None  # at the allowed slowdown; None = no_slowdown
     max_slowdown: float = 0.0
+    # Perseus' no-slowdown point with a second clock for each stage's warm-up/cool-down
+    # pass: what per-pass clock switching would save; not applied (module docstring).
+    per_pass: FrontierPoint | None = None
 
     @property
     def chosen(self) -> FrontierPoint:
@@ -89,6 +104,14 @@ class EnergyReport:
     def saved_fraction(self) -> float:
         total = self.default.joules_per_iteration
         return self.saved_joules / total if total > 0 else 0.0
+
+    @property
+    def per_pass_saved_fraction(self) -> float | None:
+        """Energy the per-pass (two-clock) no-slowdown point saves against default clocks."""
+        total = self.default.joules_per_iteration
+        if self.per_pass is None or total <= 0:
+            return None
+        return 1.0 - self.per_pass.joules_per_iteration / total
 
     def prediction(self) -> EnergyPrediction:
         return EnergyPrediction(
@@ -239,24 +262,40 @@ class _PlanEnergy:
         )
 
     def at(self, deadline: float) -> FrontierPoint:
+        """One clock per stage replica (what the node agent can apply)."""
+        return self.point([solve_single(p.problem, deadline) for p in self.pipelines])
+
+    def at_per_pass(self, deadline: float) -> FrontierPoint:
+        """A fill and a steady clock per stage replica (per-pass switching; not applied)."""
         return self.point([solve(p.problem, deadline) for p in self.pipelines])
 
     def slowed(
         self, no_slowdown: FrontierPoint, max_slowdown: float, max_iteration_seconds: float | None
     ) -> FrontierPoint:
         """The least energy with the iteration at most (1 + max_slowdown) x the no-slowdown
-        time and at most max_iteration_seconds (never below no slowdown): the least of the
-        frequency solves at that limit and at every SLOWDOWN_STEP of slowdown under it. The
-        greedy solve is a heuristic whose energy can rise with a later deadline; the fixed
-        grid keeps a larger allowance from ending above a smaller one's grid points."""
+        time and at most max_iteration_seconds (never below no slowdown).
+
+        The iteration's energy is the pipelines' effective energy plus the blocking power
+        of every GPU for as long as the iteration lasts, so a later limit can cost more.
+        Candidate limits: for each pipeline, the time of its least effective + blocking
+        energy within the allowance (solve_single with watts_of_time, exact: this makes
+        the answer exact for a plan whose pipelines are all alike), and every
+        SLOWDOWN_STEP of slowdown plus the allowance itself, for plans whose pipelines
+        differ; each limit is solved for all pipelines and the least energy is kept."""
         base = no_slowdown.iteration_seconds
         longest = (1.0 + max_slowdown) * base
         if max_iteration_seconds is not None:
             longest = min(longest, max_iteration_seconds)
         steps = int(np.floor((longest / base - 1.0) / SLOWDOWN_STEP + 1e-9))
         limits = [base * (1.0 + SLOWDOWN_STEP * j) for j in range(1, steps + 1)] + [longest]
+        if longest - self.tail > self.deadline:
+            watts = sum(self.pipelines[u].blocking_watts for u in self.index)
+            for u, pipe in enumerate(self.pipelines):
+                alike = self.index.count(u)
+                own = solve_single(pipe.problem, longest - self.tail, watts_of_time=watts / alike)
+                limits.append(own.seconds + self.tail)
         best = no_slowdown
-        for limit in limits:
+        for limit in sorted(set(limits)):
             if limit - self.tail <= self.deadline:
                 continue
             point = self.at(limit - self.tail)
@@ -268,7 +307,7 @@ class _PlanEnergy:
         return self.point([default_clocks(p.problem) for p in self.pipelines])
 
     def frontier(self, points: int) -> tuple[FrontierPoint, ...]:
-        unconstrained = [solve(p.problem, float("inf")) for p in self.pipelines]
+        unconstrained = [solve_single(p.problem, float("inf")) for p in self.pipelines]
         longest = max([self.deadline, *(s.seconds for s in unconstrained)])
         deadlines = {self.deadline, longest, *(s.seconds for s in unconstrained)}
         if longest > self.deadline and points > 2:
@@ -292,10 +331,11 @@ def plan_energy(
     frontier_points: int = 0,
     max_slowdown: float = 0.0,
     max_iteration_seconds: float | None = None,
+    per_pass: bool = False,
 ) -> EnergyReport:
     """Energy per iteration of `plan` at default clocks, at no slowdown and at the allowed
-    slowdown (module docstring), and the time-energy frontier when frontier_points > 0.
-    Raises EnergyError for a GPU type without power data, MissingProfileError like
+    slowdown (module docstring), the time-energy frontier when frontier_points > 0, and
+    with per_pass the two-clock no-slowdown point (EnergyReport.per_pass). Raises EnergyError for a GPU type without power data, MissingProfileError like
     simulate(), ValueError for a negative max_slowdown."""
     if max_slowdown < 0:
         raise ValueError(f"max_slowdown {max_slowdown} is below zero")
@@ -314,6 +354,7 @@ def plan_energy(
         source=energy.source,
         planned=planned,
         max_slowdown=max_slowdown,
+        per_pass=energy.at_per_pass(energy.deadline) if per_pass else None,
     )
 
 

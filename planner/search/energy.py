@@ -3,9 +3,9 @@
 Called by engine.py.
 
 Energy objective (api.Objective kind `energy`): the least GPU joules per iteration at each
-plan's own clocks (planner/energy: every stage off the critical path slowed until it just
-keeps up, Perseus' no-slowdown point, or the least energy within the request's allowed
-slowdown, PlanRequest.energy_max_slowdown), among plans that reach the throughput floor.
+plan's own clocks (planner/energy: one clock per stage replica, as the node agent locks
+it, with the least energy at no slowdown or within the request's allowed slowdown,
+PlanRequest.energy_max_slowdown), among plans that reach the throughput floor.
 The search ranks every plan it prices by that energy (one frequency solve,
 planner.energy.plan_energy) and prunes with a LOWER bound of it, so it is exact like the
 other objectives: it drops a plan or a whole part of the search only when the bound
@@ -26,7 +26,9 @@ clocks (planner/energy/plan_energy.py's accounting):
   The bound holds for any clocks, at no slowdown and at any allowed slowdown.
 
 Exactness is relative to the frequency planner: the energy ranked is plan_energy's, whose
-per-pipeline clock solve is greedy (planner/energy/frequency.py).
+per-pipeline one-clock solve is exact but whose choice of the iteration's time limit under
+an allowed slowdown is exact only for plans whose pipelines are alike
+(planner/energy/plan_energy.py, _PlanEnergy.slowed).
 
 Energy prices (Pool.usd_per_kwh) in the cost objectives: a pool's GPU costs at least its
 blocking power at that price on top of its GPU-hour price whatever the plan does, so the

@@ -89,7 +89,7 @@ def with_clocks(plan: Plan) -> Plan:
         joules_per_iteration_default=2000.0,
         joules_per_iteration=1800.0,
         iteration_seconds=plan.predictions.iteration_seconds,
-        stage_clocks=tuple(StageClocks(steady_mhz=s, fill_mhz=(1410, 1410)) for s in STEADY),
+        stage_clocks=tuple(StageClocks(steady_mhz=s, fill_mhz=s) for s in STEADY),
     )
     return plan.model_copy(
         update={"predictions": plan.predictions.model_copy(update={"energy": energy})}
@@ -274,14 +274,39 @@ def test_clocks_missing_from_the_plan_are_the_planners_no_slowdown_clocks(
     assert computed.source == "computed"
     from sailplan.planner.cli_sources import cluster_of, plan_context
 
-    report = plan_energy(plan, plan_context(plan, cluster_of(plan, catalog), None, catalog))
+    context = plan_context(plan, cluster_of(plan, catalog), None, catalog)
+    report = plan_energy(plan, context)
     for stage, per_replica in enumerate(report.no_slowdown.steady_mhz):
         for replica, mhz in enumerate(per_replica):
             assert computed.mhz(stage, replica) == mhz
-    assert computed.joules_per_iteration < computed.joules_per_iteration_default
+    assert report.no_slowdown.fill_mhz == report.no_slowdown.steady_mhz  # one clock per GPU
+    assert computed.joules_per_iteration <= computed.joules_per_iteration_default
     carried = plan_clocks(with_clocks(plan), catalog)
     assert carried.source == "plan"
     assert carried.mhz(0, 1) == 1305
+
+    # Clocks stored per pass (a fill clock unlike the steady one: one locked clock cannot
+    # run them as predicted) are replaced by the planner's one-clock answer at the
+    # slowdown the plan was allowed, not half-applied as the steady clock.
+    two = with_clocks(plan)
+    assert two.predictions is not None and two.predictions.energy is not None
+    per_pass = two.predictions.energy.model_copy(
+        update={
+            "max_slowdown": 0.05,
+            "stage_clocks": tuple(StageClocks(steady_mhz=s, fill_mhz=(1410, 1410)) for s in STEADY),
+        }
+    )
+    two = two.model_copy(
+        update={"predictions": two.predictions.model_copy(update={"energy": per_pass})}
+    )
+    replaced = plan_clocks(two, catalog)
+    assert replaced.source == "computed"
+    slowed = plan_energy(plan, context, max_slowdown=0.05).chosen
+    assert slowed.fill_mhz == slowed.steady_mhz
+    for stage, per_replica in enumerate(slowed.steady_mhz):
+        for replica, mhz in enumerate(per_replica):
+            assert replaced.mhz(stage, replica) == mhz
+    assert replaced.joules_per_iteration == slowed.joules_per_iteration
 
 
 def test_the_fake_allocator_gives_each_pod_the_lowest_free_gpus_and_frees_finished_ones() -> None:
@@ -322,7 +347,7 @@ def test_a_plans_clocks_are_computed_once_and_a_note_is_logged_once(
     odd = with_clocks(plan).model_copy(deep=True)
     assert odd.predictions is not None and odd.predictions.energy is not None
     clocks = list(odd.predictions.energy.stage_clocks)
-    clocks[0] = StageClocks(steady_mhz=(1203, 1305), fill_mhz=(1410, 1410))
+    clocks[0] = StageClocks(steady_mhz=(1203, 1305), fill_mhz=(1203, 1305))
     energy = odd.predictions.energy.model_copy(update={"stage_clocks": tuple(clocks)})
     odd = odd.model_copy(
         update={"predictions": odd.predictions.model_copy(update={"energy": energy})}
@@ -342,14 +367,22 @@ def test_spec_energy_clocks_reach_the_agent_through_the_plan_the_operator_writes
     make_job: Callable[..., TrainingJob], pools: tuple[GPUPool, ...], catalog: Catalog
 ) -> None:
     # spec.energy.clocks: NoSlowdown, no annotation: the operator's request asks for energy
-    # predictions, so the plan it stores carries the no-slowdown clocks, and the agent locks
-    # exactly those (source "plan": nothing recomputed on the node).
-    job = make_job(JOB_SPEC | {"energy": {"clocks": "NoSlowdown"}})
+    # predictions, so the plan it stores carries the clocks of its allowed slowdown, one per
+    # GPU for all passes, and the agent locks exactly those (source "plan": nothing
+    # recomputed on the node); the predicted time with them stays within the allowance.
+    job = make_job(JOB_SPEC | {"energy": {"clocks": "NoSlowdown", "maxSlowdown": 0.05}})
     a100 = pools[:1]
     result = make_plan(plan_request(job, catalog.model("OPT-350M"), build_snapshot(a100)))
     assert isinstance(result, Planned)
     plan = result.best
     assert plan.predictions is not None and plan.predictions.energy is not None
+    stored = plan.predictions.energy
+    assert all(c.fill_mhz == c.steady_mhz for c in stored.stage_clocks)
+    assert stored.max_slowdown == 0.05
+    assert stored.iteration_seconds <= 1.05 * plan.predictions.iteration_seconds * (1 + 1e-9)
+    assert stored.joules_per_iteration < stored.joules_per_iteration_default
+    top = catalog.gpu("A100-40").power.max_sm_mhz  # type: ignore[union-attr]
+    assert min(m for c in stored.stage_clocks for m in c.steady_mhz) < top
     children = desired_children(job, plan, 1, 0, {p.name: p for p in a100})
     fake = FakeCluster()
     fake.jobs[(NAMESPACE, "opt")] = {

@@ -2,11 +2,14 @@
 
 - the power model: the datasheet TDP at the maximum clock, falling with the clock, and an
   energy optimum strictly inside the clock range for compute-bound work;
-- a pipeline's clocks: at the fastest deadline the time is the default-clock time and the
-  energy never above the default; a stage with slack gets a lower clock than the critical
-  one; identical stages have no steady-state slack; the frontier is monotone;
-- a Plan: the no-slowdown time is simulate()'s iteration time, helper GPUs and uneven
-  data splits slow down, a measured PowerProfile overrides the datasheet;
+- a pipeline's per-pass clocks (solve, Perseus' two clocks per stage): at the fastest
+  deadline the time is the default-clock time and the energy never above the default; a
+  stage with slack gets a lower clock than the critical one; identical stages have no
+  steady-state slack; the frontier is monotone (the one-clock solver, what the node agent
+  applies, is checked against exhaustive enumeration in test_energy_single_clock.py);
+- a Plan: the no-slowdown time is simulate()'s iteration time, one clock per GPU costs
+  the short stage its slack at no slowdown and a small slowdown buys it back, helper GPUs
+  and uneven data splits slow down, a measured PowerProfile overrides the datasheet;
 - bad input: an unknown GPU, a negative price, an inconsistent profile.
 """
 
@@ -228,15 +231,31 @@ def test_no_slowdown_time_is_the_simulators_and_the_short_stage_slows_down() -> 
     context = _context("GPT3-XL", POOLS, ["A100-40", "H100-80"], 1)
     plan = _plan("GPT3-XL", [19], [[A100], [A100]])  # 19 layers against 7: stage 1 has slack
     predictions = simulate(plan, context)
-    report = plan_energy(plan, context, frontier_points=20)
+    report = plan_energy(plan, context, frontier_points=20, per_pass=True)
     assert math.isclose(report.default.iteration_seconds, predictions.iteration_seconds)
     assert math.isclose(
         report.no_slowdown.iteration_seconds, predictions.iteration_seconds, rel_tol=1e-12
     )
-    assert report.no_slowdown.joules_per_iteration < report.default.joules_per_iteration
-    assert report.saved_fraction > 0.02
-    (critical,), (slack,) = report.no_slowdown.steady_mhz
+    # one clock per GPU: the short stage's every pass, its fill pass too, would lengthen
+    # the iteration, so at no slowdown nothing slows down
+    assert report.no_slowdown.fill_mhz == report.no_slowdown.steady_mhz == ((1410,), (1410,))
+    assert math.isclose(
+        report.no_slowdown.joules_per_iteration, report.default.joules_per_iteration
+    )
+    # per-pass switching (reported, not applied) slows the short stage's steady passes only
+    assert report.per_pass is not None
+    assert math.isclose(report.per_pass.iteration_seconds, predictions.iteration_seconds)
+    per_pass_saved = report.per_pass_saved_fraction
+    assert per_pass_saved is not None and per_pass_saved > 0.02
+    (critical,), (slack,) = report.per_pass.steady_mhz
     assert slack < critical == 1410
+    assert report.per_pass.fill_mhz == ((1410,), (1410,))
+    # 1% of time lets the one clock of the short stage fall: its fill pass is one of M
+    slowed = plan_energy(plan, context, max_slowdown=0.01).chosen
+    assert slowed.iteration_seconds <= 1.01 * predictions.iteration_seconds * (1 + 1e-12)
+    (critical,), (slack,) = slowed.steady_mhz
+    assert slowed.fill_mhz == slowed.steady_mhz and slack < critical
+    assert slowed.joules_per_iteration < (1 - 0.02) * report.default.joules_per_iteration
     # the frontier starts at the no-slowdown point and trades time for energy
     frontier = report.frontier
     assert frontier[0] == report.no_slowdown
@@ -258,10 +277,12 @@ def test_a_balanced_split_saves_less_than_an_unbalanced_one() -> None:
         for k in range(1, 25)
     }
     assert min(times, key=times.__getitem__) == 14
-    balanced = plan_energy(_plan("GPT3-XL", [14], [[A100], [A100]]), context)
-    unbalanced = plan_energy(_plan("GPT3-XL", [19], [[A100], [A100]]), context)
-    assert balanced.saved_fraction < unbalanced.saved_fraction
-    assert balanced.saved_fraction < 0.01
+    balanced = plan_energy(_plan("GPT3-XL", [14], [[A100], [A100]]), context, per_pass=True)
+    unbalanced = plan_energy(_plan("GPT3-XL", [19], [[A100], [A100]]), context, per_pass=True)
+    assert balanced.per_pass_saved_fraction is not None
+    assert unbalanced.per_pass_saved_fraction is not None
+    assert balanced.per_pass_saved_fraction < unbalanced.per_pass_saved_fraction
+    assert balanced.per_pass_saved_fraction < 0.01
 
 
 def test_a_faster_helper_replica_runs_at_a_lower_clock() -> None:

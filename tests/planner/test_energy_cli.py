@@ -31,6 +31,8 @@ def test_energy_prints_energy_per_iteration_and_the_no_slowdown_savings() -> Non
     assert "kJ/iteration at default clocks" in out
     assert "at no slowdown (saves" in out
     assert "no-slowdown SM clocks (MHz)" in out
+    assert "one clock per GPU, as the node agent locks it" in out
+    assert "per-pass clocks (not applied" in out
     assert "USD/iteration" in out and "0.12 USD/kWh" in out
 
 

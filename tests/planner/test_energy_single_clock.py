@@ -5,7 +5,8 @@ solver is checked against exhaustive enumeration of every one-clock assignment o
 pipelines built from the datasheet power model (the independent reason for the expected
 answers), with and without a price on time (blocking power); the per-pass solver
 (solve, a second clock for the warm-up/cool-down pass) is shown to give a different,
-unappliable answer on the same pipeline.
+unappliable answer on the same pipeline. On a Plan, every point plan_energy reports as
+clocks to apply has fill == steady and a predicted time within its allowance.
 """
 
 from __future__ import annotations
@@ -16,18 +17,25 @@ import math
 import pytest
 
 from sailplan.planner.catalog import default_catalog
+from sailplan.planner.cluster import ClusterSnapshot, Pool
 from sailplan.planner.energy import (
     EnergyModel,
     PipelineProblem,
     StageOptions,
     default_clocks,
     pipeline_seconds,
+    plan_energy,
     solve,
     solve_single,
 )
 from sailplan.planner.energy.frequency import effective_joules
+from sailplan.planner.plan import Plan, Replica, Stage
+from sailplan.planner.profiles.estimate import complete_profiles
+from sailplan.planner.profiles.types import ProfileSet
+from sailplan.planner.simulator import PlanningContext, simulate
 
 CATALOG = default_catalog()
+ZONE = "us-central1-a"
 
 
 def _stage(base: float, share: float, links: float, every: int = 6) -> StageOptions:
@@ -111,3 +119,53 @@ def test_per_pass_and_one_clock_answers_differ_at_no_slowdown() -> None:
     slowed = solve_single(problem, fastest * 1.02)
     saved_per_pass = default.effective_joules - per_pass.effective_joules
     assert default.effective_joules - slowed.effective_joules > 0.5 * saved_per_pass
+
+
+# -- on a Plan ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def plan_and_context() -> tuple[Plan, PlanningContext]:
+    """GPT3-XL split 19 | 7 layers over two A100s: the second stage has slack."""
+    model = CATALOG.model("GPT3-XL")
+    estimated = complete_profiles(
+        model, ["A100-40"], [1], [1], measured=ProfileSet(), catalog=CATALOG
+    )
+    profiles = complete_profiles(model, ["A100-40"], [], [], measured=estimated, catalog=CATALOG)
+    cluster = ClusterSnapshot(
+        pools=(Pool(name="a100", gpu_type="A100-40", zone=ZONE, gpus_per_node=8, nodes=1),)
+    )
+    replica = Replica(pool="a100", gpu_type="A100-40", zone=ZONE)
+    plan = Plan(
+        model=model,
+        global_batch_size=16,
+        micro_batch_size=1,
+        num_micro_batches=16,
+        stages=(
+            Stage(layer_start=0, layer_end=19, replicas=(replica,)),
+            Stage(layer_start=19, layer_end=model.num_layers, replicas=(replica,)),
+        ),
+    )
+    context = PlanningContext(model=model, cluster=cluster, profiles=profiles, catalog=CATALOG)
+    return plan, context
+
+
+def test_every_applied_point_has_one_clock_per_gpu_within_its_allowance(
+    plan_and_context: tuple[Plan, PlanningContext],
+) -> None:
+    plan, context = plan_and_context
+    default_seconds = simulate(plan, context).iteration_seconds
+    previous = math.inf
+    for slowdown in (0.0, 0.005, 0.01, 0.05, 0.2):
+        report = plan_energy(plan, context, max_slowdown=slowdown, frontier_points=10)
+        points = [report.no_slowdown, report.chosen, *report.frontier]
+        for point in points:
+            assert point.fill_mhz == point.steady_mhz
+        chosen = report.chosen
+        assert chosen.iteration_seconds <= (1 + slowdown) * default_seconds * (1 + 1e-12)
+        assert chosen.joules_per_iteration <= previous * (1 + 1e-12)
+        previous = chosen.joules_per_iteration
+        prediction = report.prediction()
+        assert prediction.iteration_seconds == chosen.iteration_seconds
+        assert all(c.fill_mhz == c.steady_mhz for c in prediction.stage_clocks)
+    assert previous < report.default.joules_per_iteration

@@ -1,9 +1,10 @@
 """A point on the time-energy frontier: PlanRequest.energy_max_slowdown reaches the
 frequency planner (planner.energy.plan_energy max_slowdown), is bounded, and holds.
 
-A four-stage GPT3-Small pipeline on one A100 node: every stage but the critical one already
-slows at no slowdown, so the time the slowdown allows is what lowers the critical stage's
-clock too. Energies are compared with plan_energy's own no-slowdown point and frontier.
+A four-stage GPT3-Small pipeline on one A100 node. With one clock per GPU (what the node
+agent applies) no stage can slow down at no slowdown without lengthening the fill chain, so
+the time the slowdown allows is what lowers the stages' clocks. Energies are compared with
+plan_energy's own no-slowdown point and frontier.
 """
 
 from __future__ import annotations
