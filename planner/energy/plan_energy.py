@@ -30,6 +30,10 @@ Energy of one iteration, over every GPU g of the plan:
     E = sum_g P_b(g) x T_iteration  +  sum_g [effective energy of its forward/backward passes]
         + sum_g (P(f_max) - P_b) x its optimizer step
 
+A stage's passes are timed as the simulator times them, its recomputation included
+(CostModel.stage_seconds); an offloaded optimizer step (Stage.optimizer_offload) runs on
+the CPU, so its GPUs only wait through it (blocking power, inside T_iteration).
+
 T_iteration = max(simulator's pipeline time, the slowest pipeline under the clocks) + tail,
 so at every clock at its maximum E is the default-clock energy and T the simulator's time.
 """
@@ -193,7 +197,8 @@ class _PlanEnergy:
                         plan.model, spec, a, b, tp=tp, mbs=mbs, flash_attention=flash
                     )
                     share_cache[key] = share
-                base = table.forward_backward_seconds(a, b)
+                # as the simulator times the stage: with its recomputation (Stage.recompute)
+                base = costs.stage_seconds(table, a, b, stage.recompute)
                 factors = curve.time_factors(share)
                 seconds = [base * x for x in factors]
                 joules = [
@@ -213,9 +218,9 @@ class _PlanEnergy:
                 )
                 gpus.append(tp)
                 blocking += tp * curve.blocking_watts
-                update += (
-                    tp * (curve.load_watts[0] - curve.blocking_watts) * table.update_seconds(a, b)
-                )
+                if not stage.optimizer_offload:  # offloaded: the CPU steps, the GPU waits
+                    step = costs.stage_update_seconds(table, a, b, False, plan.data_parallel)
+                    update += tp * (curve.load_watts[0] - curve.blocking_watts) * step
             problem = PipelineProblem(
                 stages=tuple(stages),
                 micro_batches=plan.micro_batches_of(r),

@@ -169,3 +169,51 @@ def test_every_applied_point_has_one_clock_per_gpu_within_its_allowance(
         assert prediction.iteration_seconds == chosen.iteration_seconds
         assert all(c.fill_mhz == c.steady_mhz for c in prediction.stage_clocks)
     assert previous < report.default.joules_per_iteration
+
+
+def test_recomputation_and_offload_are_priced_as_the_simulator_times_them(
+    plan_and_context: tuple[Plan, PlanningContext],
+) -> None:
+    """A recomputing stage's passes take the recomputed forward too, and an offloaded
+    optimizer step runs on the CPU while the GPU waits: the energy must count them as the
+    simulator times them, or the clock solve sees slack the stage does not have."""
+    plan, context = plan_and_context
+    curve = EnergyModel(CATALOG).curve("A100-40")
+    busy = curve.load_watts[0] - curve.blocking_watts  # above blocking at the maximum clock
+    gpus = len(plan.workers())
+    table = context.costs.require_table("A100-40", 1, plan.micro_batch_size)
+    plain = plan_energy(plan, context)
+    plain_seconds = simulate(plan, context).iteration_seconds
+
+    recomputing = plan.model_copy(
+        update={"stages": tuple(s.model_copy(update={"recompute": "full"}) for s in plan.stages)}
+    )
+    report = plan_energy(recomputing, context)
+    seconds = simulate(recomputing, context).iteration_seconds
+    assert math.isclose(report.default.iteration_seconds, seconds)
+    # one pipeline, one clock per GPU, no slowdown: no stage has time to spare
+    assert report.no_slowdown.steady_mhz == ((1410,), (1410,))
+    # every pass of every stage also runs its forward again, at the maximum clock's power
+    forward = sum(table.forward_seconds(s.layer_start, s.layer_end) for s in plan.stages)
+    expected = (
+        plain.default.joules_per_iteration
+        + busy * plan.num_micro_batches * forward
+        + gpus * curve.blocking_watts * (seconds - plain_seconds)
+    )
+    assert math.isclose(report.default.joules_per_iteration, expected, rel_tol=1e-9)
+
+    first = plan.stages[0]
+    offloading = plan.model_copy(
+        update={"stages": (first.model_copy(update={"optimizer_offload": True}), *plan.stages[1:])}
+    )
+    report = plan_energy(offloading, context)
+    seconds = simulate(offloading, context).iteration_seconds
+    step = context.costs.stage_update_seconds(
+        table, first.layer_start, first.layer_end, False, plan.data_parallel
+    )
+    expected = (
+        plain.default.joules_per_iteration
+        - busy * step
+        + gpus * curve.blocking_watts * (seconds - plain_seconds)
+    )
+    assert math.isclose(report.default.joules_per_iteration, expected, rel_tol=1e-9)
