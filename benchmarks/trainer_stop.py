@@ -8,6 +8,8 @@ from the test's side (polling every 10 ms):
 
   SIGTERM -> marker     SIGTERM to the final checkpoint's `sailplan-complete.json` existing
   marker -> all exited  the marker to the last worker's exit
+  CPU after marker      the most CPU seconds one worker used after the marker (from
+                        /proc; what the exit costs without the machine's load)
 
 Medians over `--runs` runs.
 
@@ -20,7 +22,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from rich.console import Console
@@ -29,14 +30,12 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "trainer"))
 
-from trainer_harness import TINY, make_plan, sigterm, start_workers, wait_for_step  # noqa: E402
+from trainer_harness import TINY, make_plan, time_stop  # noqa: E402
 
 from sailplan.planner.workerenv import TrainerConfig  # noqa: E402
 
-POLL_S = 0.01
 
-
-def one_run(workdir: Path, after: int) -> tuple[float, float]:
+def one_run(workdir: Path, after: int) -> tuple[float, float, float]:
     plan = make_plan(
         TINY, [(0, 3, 1), (3, 6, 1)], data_parallel=4, micro_batch_size=1, global_batch_size=8
     )
@@ -46,27 +45,11 @@ def one_run(workdir: Path, after: int) -> tuple[float, float]:
         checkpoint_dir=str(workdir / "ckpt"),
         checkpoint_interval_steps=10_000,
     )
-    processes = start_workers(plan, config, workdir)
-    try:
-        wait_for_step(processes[0], after)
-        signalled = time.monotonic()
-        for process in processes:
-            sigterm(process)
-        marker_at = None
-        while any(p.poll() is None for p in processes):
-            if marker_at is None and any((workdir / "ckpt").glob("step-*/sailplan-complete.json")):
-                marker_at = time.monotonic()
-            time.sleep(POLL_S)
-        exited = time.monotonic()
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-    if marker_at is None:
-        raise SystemExit("the workers exited without a complete checkpoint")
-    if any(p.returncode for p in processes):
-        raise SystemExit(f"workers exited with {[p.returncode for p in processes]}")
-    return marker_at - signalled, exited - marker_at
+    timing = time_stop(plan, config, workdir, after)
+    if any(timing.returncodes):
+        raise SystemExit(f"workers exited with {timing.returncodes}")
+    cpu = max(timing.cpu_after_marker_s) if timing.cpu_after_marker_s else float("nan")
+    return timing.to_marker_s, timing.marker_to_exit_s, cpu
 
 
 def main() -> None:
@@ -81,10 +64,12 @@ def main() -> None:
     table = Table(title=f"trainer stop, 8 ranks (PP 2 x DP 4), median of {args.runs}")
     table.add_column("SIGTERM -> marker (s)", justify="right")
     table.add_column("marker -> all exited (s)", justify="right")
+    table.add_column("CPU per rank after marker, max (s)", justify="right")
     table.add_column("runs (marker -> exited)", justify="right")
     table.add_row(
         f"{statistics.median(r[0] for r in results):.2f}",
         f"{statistics.median(r[1] for r in results):.2f}",
+        f"{statistics.median(r[2] for r in results):.2f}",
         ", ".join(f"{r[1]:.2f}" for r in results),
     )
     Console().print(table)

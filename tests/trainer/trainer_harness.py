@@ -239,6 +239,79 @@ def sigterm(process: subprocess.Popen[str]) -> None:
     process.send_signal(signal.SIGTERM)
 
 
+@dataclass
+class StopTiming:
+    """A stop measured from outside: seconds from SIGTERM to the final checkpoint's
+    completion marker, from that marker to the last worker process's exit, and the CPU
+    seconds each worker process used after the marker (None without Linux's /proc)."""
+
+    to_marker_s: float
+    marker_to_exit_s: float
+    cpu_after_marker_s: list[float] | None
+    returncodes: list[int]
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User plus system CPU seconds of a live process, from /proc (None once it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # fields after the parenthesised command name: utime and stime are the 12th and 13th
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def time_stop(
+    plan: Plan, config: TrainerConfig, workdir: Path, after: int, poll_s: float = 0.01
+) -> StopTiming:
+    """Start `plan`, SIGTERM every worker once rank 0 reported step `after`, and time the
+    stop by polling (every `poll_s`) for the checkpoint marker under config.checkpoint_dir,
+    the workers' CPU time and their exits. What a replan waits for is the marker to the
+    last exit; the CPU seconds after the marker are that figure without the machine's load
+    (each process's last `poll_s` before its exit is not seen)."""
+    from sailplan.trainer.checkpoint import MARKER
+
+    processes = start_workers(plan, config, workdir)
+    cpu_at_marker: dict[int, float] = {}
+    cpu_last: dict[int, float] = {}
+    try:
+        wait_for_step(processes[0], after)
+        signalled = time.monotonic()
+        for process in processes:
+            sigterm(process)
+        marker_at = None
+        deadline = signalled + 120
+        while any(p.poll() is None for p in processes):
+            for process in processes:
+                cpu = _cpu_seconds(process.pid)
+                if cpu is not None and process.poll() is None:
+                    cpu_last[process.pid] = cpu
+            if marker_at is None and any(Path(config.checkpoint_dir).glob(f"step-*/{MARKER}")):
+                marker_at = time.monotonic()
+                cpu_at_marker = dict(cpu_last)
+            if time.monotonic() > deadline:
+                raise AssertionError("the workers did not exit within 120 s of SIGTERM")
+            time.sleep(poll_s)
+        exited = time.monotonic()
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    if marker_at is None:
+        raise AssertionError("the workers exited without a complete checkpoint")
+    measured = all(p.pid in cpu_at_marker for p in processes)
+    return StopTiming(
+        to_marker_s=marker_at - signalled,
+        marker_to_exit_s=exited - marker_at,
+        cpu_after_marker_s=(
+            [cpu_last[p.pid] - cpu_at_marker[p.pid] for p in processes] if measured else None
+        ),
+        returncodes=[p.returncode for p in processes],
+    )
+
+
 # T5 (encoder-decoder): 2 encoder + 2 decoder blocks, tied head, 12 encoder tokens and 8
 # target tokens; the position bias tables and the token matrix are shared across stages
 TINY_T5 = ModelSpec(
