@@ -8,7 +8,9 @@ then per step: the 1F1B schedule, the DP gradient reduction and optimizer update
 ZeRO-1 by default, see sailplan.trainer.optimizer),
 and one small world all-reduce (sailplan.trainer.control) that carries the stop flag, the
 loss and each rank's GPU energy of the step (so every rank agrees on when to stop, and rank
-0 reports the global loss and the job's joules per step). Called by sailplan.trainer.train.
+0 reports the global loss and the job's joules per step); on a GPU, each rank's peak memory
+of the step, gathered over its worker (sailplan.trainer.peak_memory). Called by
+sailplan.trainer.train.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from sailplan.trainer.model import (
     shared_weight,
 )
 from sailplan.trainer.optimizer import make_optimizer
+from sailplan.trainer.peak_memory import RankPeak, device_peaks
 from sailplan.trainer.precision import MixedPrecision, effective_precision, parameter_dtype
 from sailplan.trainer.progress import Reporter
 from sailplan.trainer.schedule import MicroBatchFn, PipelineComm, run_1f1b
@@ -188,6 +191,8 @@ class Trainer:
         self.reporter = Reporter(rank=rank, local_rank=local_rank, generation=generation)
         # this rank's GPU energy counter (off on the CPU or without NVML)
         self.energy = gpu_meter(device)
+        # this rank's peak GPU memory per step (off on the CPU)
+        self.peak_memory = device_peaks(device)
         # autocast over fp32 master weights (the parameters, or the optimizer's copies of
         # 16-bit ones); fp16 with a loss scale, divided out in fp32
         self.precision = MixedPrecision(
@@ -327,6 +332,27 @@ class Trainer:
                 dist.broadcast(full, src=self.layout.tp_root, group=self.groups.tp_handle)
             self.optimizer.set_gradient(weight, local_shard(full, split, self.groups.tp).clone())
 
+    def worker_peaks(self, own: tuple[int, int] | None) -> list[RankPeak] | None:
+        """The step's peak memory of every rank of this worker (its TP group, gathered on
+        each of them), from this rank's `own` (allocated, reserved); None when not measured
+        (the CPU: then no rank of the worker measures, so none enters the gather)."""
+        if own is None:
+            return None
+        mine = torch.tensor(own, dtype=torch.int64, device=self.device)
+        values = [mine]
+        if self.groups.tp.size > 1:
+            values = [torch.empty_like(mine) for _ in self.layout.tp_ranks]
+            dist.all_gather(values, mine, group=self.groups.tp_handle)
+        return [
+            RankPeak(
+                rank=rank,
+                stage=self.layout.stage,
+                allocated=int(value[0]),
+                reserved=int(value[1]),
+            )
+            for rank, value in zip(self.layout.tp_ranks, values, strict=True)
+        ]
+
     def run(self) -> str:
         """Train to config.steps or until asked to stop; returns why it ended."""
         start = self.restore()
@@ -352,6 +378,7 @@ class Trainer:
         for step in range(start, self.config.steps):
             began = time.perf_counter()
             loss = self.train_step(step)
+            peaks = self.worker_peaks(self.peak_memory.window())
             stopping = self.stop.requested()
             owns_loss = self.layout.is_last_stage and self.layout.tp_rank == 0
             totals = reduce_step(
@@ -371,6 +398,7 @@ class Trainer:
                 self.checkpointer.last_complete,
                 seconds,
                 joules=totals.joules,
+                memory=peaks,
             )
             stop_now = totals.stop
             last = done == self.config.steps
