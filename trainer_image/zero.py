@@ -31,16 +31,22 @@ pipeline, while a heterogeneous plan has a DP group per stage and per TP rank. S
 With `offload` (Stage.optimizer_offload) DeepSpeed keeps the fp32 partition, its gradient
 and the Adam moments in host memory (`offload_optimizer` with device cpu, pinned on a GPU
 machine) and the update is DeepSpeed's CPU Adam (`DeepSpeedCPUAdam`, plain Adam with the
-trainer's betas and eps), a C++ op that DeepSpeed builds on first use with the machine's
-compiler (ninja, g++; cached under ~/.cache/torch_extensions) unless the image prebuilt it
-(trainer_image/Dockerfile, DS_BUILD_CPU_ADAM=1). DeepSpeed computes the gradient norm on
-that path (it refuses offload without it); clipping stays off.
+trainer's betas and eps), a C++ op that DeepSpeed JIT-builds with the machine's compiler
+(ninja, g++) the first time a process loads it, into TORCH_EXTENSIONS_DIR, where later
+loads find it (the trainer image sets /tmp/torch_extensions, on the pod's writable /tmp
+emptyDir, so each new pod builds it once; elsewhere torch's default,
+~/.cache/torch_extensions, keeps it per machine). The image does not prebuild it
+(trainer_image/Dockerfile installs with DS_BUILD_OPS=0): DeepSpeed compiles it with
+-march=native, so a build on the image builder's CPU could use instructions the node's
+CPU lacks. DeepSpeed computes the gradient norm on that path (it refuses offload without
+it); clipping stays off.
 
 DeepSpeed's communication layer is initialised on top of the torch world group this
 process already joined, and its accelerator set to the parameters' device (on the CPU,
-DeepSpeed JIT-builds its shared-memory communication op once per machine, cached under
-~/.cache/torch_extensions; ZeRO does not use it). Imported only when a plan uses ZeRO with two or more replicas.
-Called through sailplan.trainer.optimizer.make_optimizer.
+the shared-memory all-reduce op its CPU backend would JIT-build is marked incompatible
+first, so nothing is compiled for it: ZeRO does not use it). Imported only when a stage
+runs ZeRO with two or more replicas or offloads its optimizer. Called through
+sailplan.trainer.optimizer.make_optimizer.
 """
 
 from __future__ import annotations
