@@ -84,6 +84,9 @@ COND_PROFILES_MEASURED: Final = "ProfilesMeasured"
 COND_PLANNING: Final = "Planning"  # True while the planner searches for this job
 # batch/v1 Job's name and reasons, so Kueue-aware tools read a suspended job the same way.
 COND_SUSPENDED: Final = "Suspended"
+# False while the current workers run without spec.podTemplateOverrides entries the plan's
+# placement, GPU count or worker contract overruled (reconcile.overrides).
+COND_OVERRIDES_APPLIED: Final = "OverridesApplied"
 
 REASON_VALID: Final = "Valid"
 REASON_UNKNOWN_MODEL: Final = "UnknownModel"
@@ -125,6 +128,9 @@ REASON_JOB_RESUMED: Final = "JobResumed"
 REASON_SUSPENDED: Final = "Suspended"  # Running/Planned/Replanning while suspended
 # Failed: spec.activeDeadlineSeconds passed (batch/v1 Job's reason).
 REASON_DEADLINE_EXCEEDED: Final = "DeadlineExceeded"
+# OverridesApplied; OverridesIgnored is also the Warning Event's reason.
+REASON_OVERRIDES_APPLIED: Final = "AllApplied"
+REASON_OVERRIDES_IGNORED: Final = "OverridesIgnored"
 
 
 # -- spec --------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from sailplan.operator.api.gpupool import (
 )
 from sailplan.operator.api.trainingjob import KIND, TrainingJob
 from sailplan.operator.reconcile import naming
-from sailplan.operator.reconcile.overrides import IGNORED_ANNOTATION, apply_overrides
+from sailplan.operator.reconcile.overrides import apply_overrides, ignored_notes
 from sailplan.planner import workerenv
 from sailplan.planner.plan import Plan, Worker
 
@@ -402,10 +402,7 @@ def desired_children(
         for worker in plan.workers()
     )
     ignored = [
-        note
-        for pod in pods
-        for note in pod["metadata"].get("annotations", {}).get(IGNORED_ANNOTATION, "").split("; ")
-        if note
+        note for pod in pods for note in ignored_notes(pod["metadata"].get("annotations", {}))
     ]
     return Children(
         configmap=render_configmap(job, plan, generation),

@@ -5,7 +5,9 @@ can be made, the job waits for profiles, the plan it runs, the replan machine's 
 workers) and `conditions(facts)` turns them into conditions through `CONDITIONS`: one rule
 per condition type, each returning the condition or None to leave it as it is. What each
 condition means is read in one place, and a pass never sets the same type twice.
-Suspended (batch/v1 Job's type and reasons) follows spec.suspend.
+Suspended (batch/v1 Job's type and reasons) follows spec.suspend. OverridesApplied says
+whether the current workers carry every spec.podTemplateOverrides entry (False, naming the
+entries the plan overruled, as their pods' annotation does).
 Valid and Schedulable are the positive-polarity twins of Invalid and Unschedulable (one
 rule, status flipped), and Complete (batch/v1 Job's name) is set with Succeeded, so
 `kubectl wait --for=condition=Complete` and tools that expect True-is-good both work.
@@ -68,6 +70,11 @@ class Facts:
     # REASON_JOB_RESUMED (the pass after spec.suspend was unset); None: not suspended.
     suspension: str | None = None
     failed: Problem | None = None  # the job failed for a reason of its own (a deadline)
+    # Overrides entries the current workers' rendering overruled; None: no worker seen.
+    overrides_ignored: tuple[str, ...] | None = None
+    # The job has spec.podTemplateOverrides, or said OverridesApplied before (so the
+    # condition turns True once new workers no longer carry an overruled entry).
+    overrides_reported: bool = False
 
     @property
     def suspended(self) -> bool:
@@ -199,6 +206,15 @@ def _suspended(f: Facts) -> Verdict | None:
     return f.suspended, f.suspension, _SUSPENSION_MESSAGES[f.suspension]
 
 
+def _overrides_applied(f: Facts) -> Verdict | None:
+    if f.overrides_ignored is None:
+        return None
+    if f.overrides_ignored:
+        message = "the plan overruled: " + "; ".join(f.overrides_ignored)
+        return False, api.REASON_OVERRIDES_IGNORED, message
+    return (True, api.REASON_OVERRIDES_APPLIED, "") if f.overrides_reported else None
+
+
 def _opposite(rule: Rule) -> Rule:
     """The positive-polarity twin of a negative condition: same reason, status flipped."""
 
@@ -222,6 +238,7 @@ CONDITIONS: tuple[tuple[str, Rule], ...] = (
     (api.COND_SUCCEEDED, _succeeded),
     (api.COND_FAILED, _failed),
     (api.COND_SUSPENDED, _suspended),
+    (api.COND_OVERRIDES_APPLIED, _overrides_applied),
 )
 
 

@@ -37,6 +37,11 @@ from sailplan.operator.api.trainingjob import ContainerOverrides, PodTemplateOve
 IGNORED_ANNOTATION: Final = f"{GROUP}/overrides-ignored"
 
 
+def ignored_notes(annotations: Mapping[str, str]) -> tuple[str, ...]:
+    """The entries a rendered or observed pod's IGNORED_ANNOTATION names, one each."""
+    return tuple(n for n in annotations.get(IGNORED_ANNOTATION, "").split("; ") if n)
+
+
 def pinned_labels(pod_spec: Mapping[str, Any]) -> dict[str, str]:
     """Node label -> value the operator's required node affinity pins (one term, `In` one
     value each: the GPUPool's node pool or selector labels and the zone)."""

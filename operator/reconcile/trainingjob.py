@@ -95,8 +95,6 @@ from sailplan.planner.workerenv import CHECKPOINT_REQUEST_ANNOTATION
 # While a search runs the pass is repeated this often, so the Planning condition's elapsed
 # time stays current; the planning service wakes the job as soon as the search ends.
 SEARCH_REFRESH_SECONDS = 15.0
-# Event reason: spec.podTemplateOverrides entries the plan's placement or GPUs overruled.
-REASON_OVERRIDES_IGNORED = "OverridesIgnored"
 
 
 @dataclass
@@ -815,6 +813,8 @@ def _plan(
         plan=CurrentPlan(plan_generation, summary.summary, api.REASON_PLAN_CREATED),
         replan=memory.replan,
         workers=status.workers,
+        overrides_ignored=children.ignored_overrides,
+        overrides_reported=_overrides_reported(job, status),
     )
     status = _concluded(status, facts, now)
     create = children.in_creation_order()
@@ -951,7 +951,13 @@ def _ignored_event(children: Children) -> list[KubeEvent]:
     if not children.ignored_overrides:
         return []
     message = "podTemplateOverrides entries ignored: " + "; ".join(children.ignored_overrides)
-    return [KubeEvent("Warning", REASON_OVERRIDES_IGNORED, message)]
+    return [KubeEvent("Warning", api.REASON_OVERRIDES_IGNORED, message)]
+
+
+def _overrides_reported(job: TrainingJob, status: TrainingJobStatus) -> bool:
+    """Whether the job's OverridesApplied condition is due even with nothing overruled."""
+    reported = find_condition(status.conditions, api.COND_OVERRIDES_APPLIED) is not None
+    return job.spec.pod_template_overrides is not None or reported
 
 
 def _requeue_after(state: ReplanState, config: ReplanConfig, now: datetime) -> float | None:
@@ -1069,6 +1075,12 @@ def _run(
         workers=counts,
         workers_problem=done.render_problem,
         suspension=suspension,
+        overrides_ignored=(
+            tuple(dict.fromkeys(n for p in mine.values() for n in p.overrides_ignored))
+            if mine
+            else None
+        ),
+        overrides_reported=_overrides_reported(job, status),
     )
 
     progress = status.progress

@@ -29,6 +29,7 @@ from sailplan.operator.api.trainingjob import TrainingJobSpec
 from sailplan.operator.reconcile import naming
 from sailplan.operator.reconcile.children import controller_uid
 from sailplan.operator.reconcile.nodes import NodeInfo, pod_gpu_reservation
+from sailplan.operator.reconcile.overrides import ignored_notes
 from sailplan.operator.reconcile.snapshot import build_snapshot
 from sailplan.planner.cluster import ClusterSnapshot
 from sailplan.planner.plan import Plan
@@ -94,6 +95,8 @@ class WorkerPod:
     owner_uid: str = ""  # the controlling TrainingJob's uid
     # (GPUPool, zone, GPUs) while created and not bound: capacity it reserves
     reservation: tuple[str, str, int] | None = None
+    # spec.podTemplateOverrides entries its rendering overruled (reconcile.overrides)
+    overrides_ignored: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -149,6 +152,7 @@ def pod_facts(body: Mapping[str, Any]) -> WorkerPod | None:
         exit_code=exit_code,
         checkpoint_request=annotations.get(CHECKPOINT_REQUEST_ANNOTATION),
         reservation=pod_gpu_reservation(body),
+        overrides_ignored=ignored_notes(annotations),
         **final_progress(status),
     )
 
