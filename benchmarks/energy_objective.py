@@ -1,8 +1,9 @@
 """The search's energy objective against the throughput and cost objectives.
 
 For each cluster and throughput floor, one row per objective: the plan it returns, its
-samples/s, its GPU energy per iteration at its own no-slowdown clocks (planner.energy, the
-same model for every row, so the rows compare), and the search's CPU seconds (make_plan,
+samples/s, its GPU energy per iteration at its own no-slowdown clocks, one per GPU as the
+node agent applies them (planner.energy, the same model for every row, so the rows
+compare), and the search's CPU seconds (make_plan,
 profile completion included). The energy objective needs the floor; the throughput and
 cost objectives get the same floor as a constraint.
 
@@ -69,7 +70,9 @@ def main() -> None:
     parser.add_argument("--large", action="store_true", help="the 64-GPU cluster, energy only")
     args = parser.parse_args()
     catalog = default_catalog()
-    table = Table(title="energy objective against throughput and cost (no-slowdown energy)")
+    table = Table(
+        title="energy objective against throughput and cost (no-slowdown energy, one clock per GPU)"
+    )
     columns = ("cluster", "floor/s", "objective", "plan", "samples/s", "kJ/iter", "bound kJ")
     for column in (*columns, "CPU s"):
         table.add_column(column)

@@ -1,4 +1,4 @@
-"""Energy saved at no slowdown: the GPT-3 family on A100 pipelines of 4 and 8 stages.
+"""Energy saved by the clocks Sailplan applies: the GPT-3 family on A100 pipelines of 4 and 8 stages.
 
 For each GPT-3 model of the catalog and each depth P in (4, 8), one pipeline (DP 1, TP 1)
 of A100-40 GPUs (one a2-highgpu-8g node) is split two ways:
@@ -8,13 +8,22 @@ of A100-40 GPUs (one a2-highgpu-8g node) is split two ways:
 - `params`: the split with the least parameters on its largest stage, the partition Merak
   (the framework Perseus ran on) makes by default (its per-shard parameter budget).
 
-The micro-batch size is the largest of 4, 2, 1 that fits GPU memory; the global batch is
-the one the Merak-Zeus examples use per model (ml-energy/merak-zeus, examples/README.md:
-GPT-3 small/medium/large 512, xl and 2.7b 1024, 6.7b and 13b 2048). Compute profiles are
-the roofline estimates (nothing measured for GPT-3 on A100 ships with the project), power
-is the catalog's datasheet model (planner/energy/power.py). For each plan it prints the
-iteration time, GPU energy per iteration at default clocks and at the no-slowdown
-frequency plan, the energy saved, and what 5% of slowdown buys on the frontier.
+The micro-batch size is the largest of 4, 2, 1 at which both splits fit GPU memory; where
+none does, the one of them whose `time` split is fastest with memory options (the planner's
+PlanRequest.memory_options: Stage.recompute, Stage.optimizer_offload), each stage that does
+not fit taking the option with the least M x its forward/backward + its optimizer step
+among those that fit its GPU and host memory (the split stays fixed, which make_plan
+cannot be asked for). The global batch is the one the Merak-Zeus examples use per model
+(ml-energy/merak-zeus, examples/README.md: GPT-3 small/medium/large 512, xl and 2.7b 1024,
+6.7b and 13b 2048). Compute profiles are the roofline estimates (nothing measured for
+GPT-3 on A100 ships with the project), power is the catalog's datasheet model
+(planner/energy/power.py).
+
+For each plan it prints the iteration time, GPU energy per iteration at default clocks,
+and the energy saved against them by: one clock per GPU at no slowdown and within 1% and
+5% of slowdown (what the node agent applies: plan_energy's clocks), and Perseus' per-pass
+clocks at no slowdown (a second clock for each stage's warm-up/cool-down pass; needs
+clock switching inside the trainer, not applied: EnergyReport.per_pass).
 
 Perseus (Chung et al., SOSP'24) reports energy reductions of up to 30% without throughput
 loss (abstract; GPT-3 and Bloom on A100 and A40 pipelines). Its per-workload table could not
@@ -94,6 +103,113 @@ def build_plan(model: ModelSpec, cuts: list[int], mbs: int, global_batch: int) -
     )
 
 
+# (recompute, optimizer offload) per stage: PlanRequest.memory_options' choices
+MEMORY_OPTIONS = (
+    ("none", False),
+    ("selective", False),
+    ("full", False),
+    ("none", True),
+    ("selective", True),
+    ("full", True),
+)
+SLOWDOWNS = (0.01, 0.05)
+
+
+def with_memory_options(plan: Plan, context: PlanningContext) -> Plan | None:
+    """`plan` with, on each stage that does not fit, the memory option of least
+    M x forward/backward + optimizer step among those that fit (module docstring); None
+    when some stage fits with none. A stage's memory depends only on its own options."""
+    memory = context.catalog.gpu(GPU).memory_bytes
+    host = context.costs.host_memory_bytes(GPU)
+    table = context.costs.require_table(GPU, 1, plan.micro_batch_size)
+    trials = {}
+    for recompute, offload in MEMORY_OPTIONS:
+        stages = tuple(
+            s.model_copy(update={"recompute": recompute, "optimizer_offload": offload})
+            for s in plan.stages
+        )
+        trials[(recompute, offload)] = simulate(plan.model_copy(update={"stages": stages}), context)
+    chosen = []
+    for i, stage in enumerate(plan.stages):
+        best: tuple[float, str, bool] | None = None
+        for (recompute, offload), predictions in trials.items():
+            prediction = predictions.stages[i]
+            if prediction.peak_memory_bytes > memory:
+                continue
+            if host is not None and prediction.host_memory_bytes > host:
+                continue
+            step = context.costs.stage_update_seconds(
+                table, stage.layer_start, stage.layer_end, offload, 1
+            )
+            cost = plan.num_micro_batches * prediction.forward_backward_seconds + step
+            if best is None or cost < best[0]:
+                best = (cost, recompute, offload)
+        if best is None:
+            return None
+        chosen.append(stage.model_copy(update={"recompute": best[1], "optimizer_offload": best[2]}))
+    return plan.model_copy(update={"stages": tuple(chosen)})
+
+
+def options_label(plan: Plan) -> str:
+    """The memory options of a plan's stages, e.g. `full 3/8, offload 1/8` or `-`."""
+    parts = []
+    depth = plan.pipeline_depth
+    for kind in ("selective", "full"):
+        count = sum(s.recompute == kind for s in plan.stages)
+        if count:
+            parts.append(f"{kind} {count}/{depth}")
+    offloaded = sum(s.optimizer_offload for s in plan.stages)
+    if offloaded:
+        parts.append(f"offload {offloaded}/{depth}")
+    return ", ".join(parts) or "-"
+
+
+def context_for(model: ModelSpec, mbs: int, cluster: ClusterSnapshot) -> PlanningContext:
+    catalog = default_catalog()
+    profiles = complete_profiles(model, [GPU], [1], [mbs], measured=ProfileSet(), catalog=catalog)
+    profiles = complete_profiles(model, [GPU], [], [], measured=profiles, catalog=catalog)
+    return PlanningContext(model=model, cluster=cluster, profiles=profiles, catalog=catalog)
+
+
+def fitting_plans(
+    model: ModelSpec, depth: int, global_batch: int, cluster: ClusterSnapshot
+) -> tuple[PlanningContext, dict[str, Plan]] | None:
+    """Both splits at the largest micro-batch at which they fit without memory options;
+    else, with memory options, at the micro-batch whose `time` split is fastest; None if
+    nothing fits."""
+    memory = default_catalog().gpu(GPU).memory_bytes
+    with_options: list[tuple[float, PlanningContext, dict[str, Plan]]] = []
+    for options in (False, True):
+        for mbs in MICRO_BATCHES:
+            context = context_for(model, mbs, cluster)
+            table = context.costs.require_table(GPU, 1, mbs)
+            times = [table.forward_backward_seconds(i, i + 1) for i in range(model.num_layers)]
+            params = [model.layer_parameters(i, 1) for i in range(model.num_layers)]
+            plans: dict[str, Plan] = {}
+            for label, weights in (("time", times), ("params", params)):
+                plan: Plan | None = build_plan(
+                    model, min_max_split(weights, depth), mbs, global_batch
+                )
+                assert plan is not None
+                if options:
+                    plan = with_memory_options(plan, context)
+                elif simulate(plan, context).peak_memory_bytes > memory:
+                    plan = None
+                if plan is None:
+                    break
+                plans[label] = plan
+            if len(plans) < 2:
+                continue
+            if not options:
+                return context, plans
+            seconds = simulate(plans["time"], context).iteration_seconds
+            with_options.append((seconds, context, plans))
+    if not with_options:
+        return None
+    _, context, plans = min(with_options, key=lambda found: found[0])
+    return context, plans
+
+
 def main() -> int:
     catalog = default_catalog()
     cluster = ClusterSnapshot(
@@ -101,62 +217,42 @@ def main() -> int:
     )
     memory = catalog.gpu(GPU).memory_bytes
     header = (
-        f"{'model':<12} {'P':>2} {'mbs':>3} {'M':>4} {'split':<6} {'iter s':>8} "
-        f"{'default kJ':>10} {'no-slow kJ':>10} {'saved':>6} {'+5% time':>8}  Perseus"
+        f"{'model':<12} {'P':>2} {'mbs':>3} {'M':>4} {'split':<6} {'memory options':<22} "
+        f"{'iter s':>8} {'default kJ':>10} {'1 clock':>7} {'+1%':>6} {'+5%':>6} "
+        f"{'per-pass':>8}  Perseus"
     )
     print(header)
     print("-" * len(header))
     for name, global_batch in MERAK_GLOBAL_BATCH.items():
         model = catalog.model(name)
         for depth in DEPTHS:
-            done = False
-            for mbs in MICRO_BATCHES:
-                profiles = complete_profiles(
-                    model, [GPU], [1], [mbs], measured=ProfileSet(), catalog=catalog
+            found = fitting_plans(model, depth, global_batch, cluster)
+            if found is None:
+                print(f"{name:<12} {depth:>2}   -    - does not fit {GPU} memory")
+                continue
+            context, plans = found
+            for label, plan in plans.items():
+                predictions = simulate(plan, context)
+                assert predictions.peak_memory_bytes <= memory
+                report = plan_energy(plan, context, predictions=predictions, per_pass=True)
+                default = report.default.joules_per_iteration
+                slowed = [
+                    plan_energy(plan, context, predictions=predictions, max_slowdown=x).chosen
+                    for x in SLOWDOWNS
+                ]
+                saved = [1 - p.joules_per_iteration / default for p in slowed]
+                per_pass = report.per_pass_saved_fraction or 0.0
+                print(
+                    f"{name:<12} {depth:>2} {plan.micro_batch_size:>3} "
+                    f"{plan.num_micro_batches:>4} {label:<6} {options_label(plan):<22} "
+                    f"{predictions.iteration_seconds:>8.2f} {default / 1e3:>10.1f} "
+                    f"{report.saved_fraction * 100:>6.1f}% {saved[0] * 100:>5.1f}% "
+                    f"{saved[1] * 100:>5.1f}% {per_pass * 100:>7.1f}%  {PERSEUS_HEADLINE}"
                 )
-                profiles = complete_profiles(
-                    model, [GPU], [], [], measured=profiles, catalog=catalog
-                )
-                context = PlanningContext(
-                    model=model, cluster=cluster, profiles=profiles, catalog=catalog
-                )
-                table = context.costs.require_table(GPU, 1, mbs)
-                times = [table.forward_backward_seconds(i, i + 1) for i in range(model.num_layers)]
-                params = [model.layer_parameters(i, 1) for i in range(model.num_layers)]
-                splits = {
-                    "time": min_max_split(times, depth),
-                    "params": min_max_split(params, depth),
-                }
-                rows = []
-                fits = True
-                for label, cuts in splits.items():
-                    plan = build_plan(model, cuts, mbs, global_batch)
-                    predictions = simulate(plan, context)
-                    if predictions.peak_memory_bytes > memory:
-                        fits = False
-                        break
-                    report = plan_energy(plan, context, predictions=predictions, frontier_points=40)
-                    limit = report.default.iteration_seconds * 1.05
-                    within = [p for p in report.frontier if p.iteration_seconds <= limit]
-                    five = min(p.joules_per_iteration for p in within)
-                    rows.append(
-                        f"{name:<12} {depth:>2} {mbs:>3} {plan.num_micro_batches:>4} {label:<6} "
-                        f"{predictions.iteration_seconds:>8.2f} "
-                        f"{report.default.joules_per_iteration / 1e3:>10.1f} "
-                        f"{report.no_slowdown.joules_per_iteration / 1e3:>10.1f} "
-                        f"{report.saved_fraction * 100:>5.1f}% "
-                        f"{(1 - five / report.default.joules_per_iteration) * 100:>7.1f}%  "
-                        f"{PERSEUS_HEADLINE}"
-                    )
-                if fits:
-                    print("\n".join(rows))
-                    done = True
-                    break
-            if not done:
-                print(f"{name:<12} {depth:>2}   -    - does not fit {GPU} memory at micro-batch 1")
     print(
-        "\nsaved: energy at the no-slowdown frequency plan against default clocks; +5% time: "
-        "the least energy on the frontier within 5% of the default iteration time. "
+        "\nsaved against default clocks: 1 clock = one SM clock per GPU at no slowdown (what "
+        "the node agent applies); +1%, +5% = one clock per GPU within that slowdown; "
+        "per-pass = Perseus' two clocks per stage at no slowdown (not applied). "
         "Perseus: its abstract's headline (per-workload figures not retrieved)."
     )
     return 0
