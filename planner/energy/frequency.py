@@ -8,8 +8,9 @@ The first term is the warm-up/cool-down chain: one micro-batch's forward through
 and its backward back (each stage's first forward and last backward), on the critical path
 of every stage. The last term is the steady state, paced by the slowest stage's cycle; a
 stage whose cycle is shorter waits (blocks) for the rest of each cycle: that slack is
-Perseus' intrinsic energy bloat. So each stage gets two clocks: `fill` for its warm-up /
-cool-down pass and `steady` for its other M - 1 forward/backward passes, and
+Perseus' intrinsic energy bloat. Per-pass planning (solve) gives each stage two clocks:
+`fill` for its warm-up / cool-down pass and `steady` for its other M - 1 forward/backward
+passes, and
 
     T(fill, steady) = sum_i t_i(fill_i) + 2 sum_k x_k + (M - 1) max_i (t_i(steady_i) + x_{i-1} + x_i)
 
@@ -28,8 +29,9 @@ number of levels, or lengthening the steady cycle to any longer breakpoint (ever
 then runs its steady passes at its least-energy clock that fits the cycle). At the
 fastest deadline only free moves fit: stages off the critical cycle slow down until they
 just meet it (Perseus' "no slowdown" point); later deadlines trade time for energy. The
-greedy is a heuristic (Perseus solves its DAG with a graph-cut algorithm that is optimal
-per deadline); each move strictly lowers the energy, so it terminates and never ends above
+greedy is a heuristic (Perseus solves its per-instruction DAG, an NP-hard problem, with
+an approximate graph-cut-based algorithm: ml-energy/zeus docs/research_overview/
+perseus.md); each move strictly lowers the energy, so it terminates and never ends above
 the fastest state's energy.
 
 solve_single() is what a GPU can apply: the node agent locks one clock per GPU, so every
