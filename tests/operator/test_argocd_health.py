@@ -1,32 +1,15 @@
 """The Argo CD health checks (manifests/argocd) run in a real Lua interpreter (lupa) on
-TrainingJob and GPUPool status objects, as Argo CD runs them: `obj` global, a table back."""
+hand-written TrainingJob and GPUPool status objects, one per state the checks tell apart
+(states the operator's cluster tests reach are also checked there, on the objects the API
+server returns: test_operator_cluster.py, test_autoscaled_pools_bad_input_cluster.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-
-lupa = pytest.importorskip("lupa")
-
-ARGOCD = Path(__file__).resolve().parents[2] / "manifests" / "argocd"
-
-
-def _health(script: str, obj: dict[str, Any]) -> tuple[str, str]:
-    runtime = lupa.LuaRuntime(unpack_returned_tuples=True)
-
-    def table(value: Any) -> Any:
-        if isinstance(value, dict):
-            return runtime.table_from({k: table(v) for k, v in value.items()})
-        if isinstance(value, list):
-            return runtime.table_from([table(v) for v in value])
-        return value
-
-    runtime.globals().obj = table(obj)
-    result = runtime.execute((ARGOCD / script).read_text())
-    return result["status"], result["message"]
+from argocd_lua import ARGOCD, health
 
 
 def _job(phase: str | None, *conditions: tuple[str, str, str, str]) -> dict[str, Any]:
@@ -41,7 +24,7 @@ def _job(phase: str | None, *conditions: tuple[str, str, str, str]) -> dict[str,
 
 
 @pytest.mark.parametrize(
-    ("job", "health", "says"),
+    ("job", "expected", "says"),
     [
         (_job("Running", ("Running", "True", "AllWorkersRunning", "4 workers")), "Healthy", ""),
         (_job("Succeeded", ("Complete", "True", "Completed", "")), "Healthy", "complete"),
@@ -79,9 +62,9 @@ def _job(phase: str | None, *conditions: tuple[str, str, str, str]) -> dict[str,
         ),
     ],
 )
-def test_trainingjob_health(job: dict[str, Any], health: str, says: str) -> None:
-    status, message = _health("trainingjob-health.lua", job)
-    assert status == health
+def test_trainingjob_health(job: dict[str, Any], expected: str, says: str) -> None:
+    status, message = health(job)
+    assert status == expected
     assert says in message
 
 
@@ -90,14 +73,13 @@ def test_gpupool_health() -> None:
         listed = [{"type": t, "status": s, "reason": r, "message": ""} for t, s, r in conditions]
         return {"kind": "GPUPool", "status": {"conditions": listed}}
 
-    script = "gpupool-health.lua"
-    assert _health(script, {"kind": "GPUPool"})[0] == "Progressing"
+    assert health({"kind": "GPUPool"})[0] == "Progressing"
     ready = pool(("Ready", "True", "NodesReady"), ("GPUTypeResolved", "True", "Resolved"))
-    assert _health(script, ready)[0] == "Healthy"
+    assert health(ready)[0] == "Healthy"
     none_ready = pool(("Ready", "False", "NoReadyNodes"))
-    assert _health(script, none_ready) == ("Degraded", "NoReadyNodes: ")
+    assert health(none_ready) == ("Degraded", "NoReadyNodes: ")
     unknown = pool(("Ready", "True", "NodesReady"), ("GPUTypeResolved", "False", "UnknownGPUType"))
-    assert _health(script, unknown)[0] == "Degraded"
+    assert health(unknown)[0] == "Degraded"
 
 
 def test_argocd_cm_carries_the_lua_files_under_argocds_keys() -> None:

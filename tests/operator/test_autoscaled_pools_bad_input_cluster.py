@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from argocd_lua import health
 from kubernetes import client
 from operator_builders import JOB_SPEC
 from operator_process import OperatorProcess
@@ -79,6 +80,12 @@ def test_an_unknown_gpu_type_is_a_condition_naming_the_known_ones(
     condition = wait_for("condition GPUTypeResolved", resolved, 90)
     assert (condition["status"], condition["reason"]) == ("False", "UnknownGPUType")
     assert "H900" in condition["message"] and "A100-40" in condition["message"]
+    # Argo CD's health of the object as the API server returns it.
+    gpupool = client.CustomObjectsApi(k8s_api).get_cluster_custom_object(
+        GROUP, VERSION, "gpupools", pool
+    )
+    status, message = health(gpupool)
+    assert status == "Degraded" and message.startswith("UnknownGPUType: "), message
 
 
 @pytest.fixture

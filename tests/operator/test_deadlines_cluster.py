@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from argocd_lua import health
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from operator_process import ClusterRbac, OperatorProcess, service_account_kubeconfig
@@ -54,6 +55,9 @@ def test_a_job_past_its_deadline_fails_and_is_deleted_after_its_ttl(
             job = wait_phase(k8s_api, namespace, "late", {"Failed"}, 180)
             conditions = {c["type"]: c for c in job["status"]["conditions"]}
             assert conditions["Failed"]["reason"] == "DeadlineExceeded"
+            # Argo CD's health of the object as the API server returns it.
+            status, message = health(job)
+            assert status == "Degraded" and message.startswith("DeadlineExceeded: "), message
             assert job["status"]["completionTime"]
             wait_for("the job's pods gone", lambda: not pods_of(k8s_api, namespace, "late"), 60)
             wait_for("the job deleted after its TTL", lambda: _gone(k8s_api, namespace, "late"), 90)

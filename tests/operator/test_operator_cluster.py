@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from argocd_lua import health
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from operator_process import (
@@ -269,6 +270,9 @@ def test_infeasible_job_is_unschedulable_with_the_reason(
     assert job["status"]["phase"] == "Unschedulable"
     assert conditions["Unschedulable"]["reason"] == "BelowThroughputFloor"
     assert conditions["Unschedulable"]["message"]
+    # Argo CD's health of the object as the API server returns it.
+    status, message = health(job)
+    assert status == "Degraded" and message.startswith("BelowThroughputFloor: "), message
     assert not pods_of(k8s_api, namespace, "greedy")
     wait_warning(k8s_api, namespace, "greedy", "BelowThroughputFloor")
 
@@ -309,6 +313,8 @@ def test_unknown_model_is_invalid_with_the_valid_names(
     job = wait_phase(k8s_api, namespace, "typo", {"Invalid"})
     invalid = next(c for c in job["status"]["conditions"] if c["type"] == "Invalid")
     assert invalid["reason"] == "UnknownModel" and "OPT-350M" in invalid["message"]
+    status, message = health(job)
+    assert status == "Degraded" and message.startswith("UnknownModel: "), message
 
 
 def test_operator_killed_mid_reconcile_restarts_without_duplicates(
@@ -483,7 +489,13 @@ def test_a_finished_job_is_complete_for_kubectl_wait_and_prints_rounded_numbers(
     client.CustomObjectsApi(k8s_api).create_namespaced_custom_object(
         GROUP, VERSION, namespace, "trainingjobs", job_body(namespace, "done", [pool])
     )
-    wait_phase(k8s_api, namespace, "done", {"Running"})
+    running = wait_phase(k8s_api, namespace, "done", {"Running"})
+    # Argo CD's health of the objects as the API server returns them, at each state.
+    assert health(running) == ("Healthy", "training")
+    gpupool = client.CustomObjectsApi(k8s_api).get_cluster_custom_object(
+        GROUP, VERSION, "gpupools", pool
+    )
+    assert health(gpupool)[0] == "Healthy", gpupool.get("status")
     waiting = _kubectl(
         kubeconfig, "wait", "-n", namespace, "--for=condition=Complete", "tj/done", "--timeout=1s"
     )
@@ -498,7 +510,9 @@ def test_a_finished_job_is_complete_for_kubectl_wait_and_prints_rounded_numbers(
         kubeconfig, "wait", "-n", namespace, "--for=condition=Complete", "tj/done", "--timeout=90s"
     )
     assert done.returncode == 0, done.stderr
-    assert get_job(k8s_api, namespace, "done")["status"]["phase"] == "Succeeded"
+    finished = get_job(k8s_api, namespace, "done")
+    assert finished["status"]["phase"] == "Succeeded"
+    assert health(finished) == ("Healthy", "training complete")
     wide = _kubectl(kubeconfig, "get", "-n", namespace, "tj", "done", "-o", "wide")
     assert wide.returncode == 0, wide.stderr
     header, row = wide.stdout.splitlines()

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from argocd_lua import health
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from operator_process import OperatorProcess
@@ -44,6 +45,8 @@ def test_suspend_resume_and_suspend_again(
     job = wait_phase(k8s_api, namespace, "susp", {"Suspended", "Running", "Pending"})
     assert job["status"]["phase"] == "Suspended", job["status"]
     assert _conditions(job)["Suspended"] == ("True", "JobSuspended")
+    # Argo CD's health of the object as the API server returns it.
+    assert health(job)[0] == "Suspended"
     assert not job["status"].get("plan")
     assert not pods_of(k8s_api, namespace, "susp")
 
@@ -63,6 +66,8 @@ def test_suspend_resume_and_suspend_again(
     assert job["status"]["phase"] == "Suspended"
     assert job["status"]["workers"]["desired"] == 0
     assert _conditions(job)["Running"] == ("False", "Suspended")
+    status, message = health(job)
+    assert status == "Suspended" and message.startswith("JobSuspended"), message
 
     # The GPUPool shows nothing in use or reserved any more (its status follows the pods).
     def pool_free() -> bool:
