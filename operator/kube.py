@@ -22,6 +22,18 @@ from sailplan.operator.profiling.jobs import ROLE_PROFILER
 from sailplan.operator.reconcile import kueue, naming, provisioning
 
 MERGE_PATCH = "application/merge-patch+json"
+# The operator's name in every object's metadata.managedFields. The API server takes a
+# writer's field manager from its User-Agent (up to the first "/") when the request names
+# none; the client library's default ("OpenAPI-Generator") would be the same for any Python
+# client, so a GitOps user could not tell the operator's entries (status only) from others.
+FIELD_MANAGER = "sailplan-operator"
+
+
+def as_field_manager(api_client: client.ApiClient) -> client.ApiClient:
+    """`api_client`, its writes recorded under FIELD_MANAGER (called where the operator's
+    client is made, so Lease, status and child writes all carry it)."""
+    api_client.user_agent = FIELD_MANAGER
+    return api_client
 
 
 class Kube:

@@ -193,17 +193,20 @@ def run_command(  # noqa: PLR0917 (typer maps each parameter to an option)
 
 
 def _api_client(kubeconfig: Path | None) -> ApiClient:
-    """A client for --kubeconfig, else $KUBECONFIG, else the in-cluster service account."""
+    """A client for --kubeconfig, else $KUBECONFIG, else the in-cluster service account,
+    writing as the operator's field manager."""
     from kubernetes import client, config
+
+    from sailplan.operator.kube import as_field_manager
 
     path = str(kubeconfig) if kubeconfig else os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
     try:
         if path:
             api: ApiClient = config.new_client_from_config(config_file=path)  # type: ignore[no-untyped-call]
-            return api
+            return as_field_manager(api)
         configuration = client.Configuration()
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        return client.ApiClient(configuration)
+        return as_field_manager(client.ApiClient(configuration))
     except (config.ConfigException, OSError) as error:
         raise _fail(f"no Kubernetes credentials: {error}") from error
 

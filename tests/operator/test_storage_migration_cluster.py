@@ -1,7 +1,9 @@
 """Storage-version migration against the real API server, run under the manifests' RBAC:
 objects written while the CRDs stored v1alpha1 are stored again at v1beta1, a job's memory
 in its v1alpha1 status moves to its state ConfigMap first, and the CRDs' storedVersions
-ends as v1beta1 alone (controller.storage)."""
+ends as v1beta1 alone (controller.storage). The rewrite takes no field from the object's
+other managers: a GitOps tool that applied the spec still owns all of it, and the
+operator's field manager owns nothing there."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from waiting import wait_for
 
 from sailplan.operator.api.common import GROUP, LEGACY_VERSION, VERSION
 from sailplan.operator.controller import storage
-from sailplan.operator.kube import Kube
+from sailplan.operator.kube import FIELD_MANAGER, Kube, as_field_manager
 from sailplan.operator.reconcile.memory import STATE_KEY, state_configmap_name
 from sailplan_dev.apply import apply
 from sailplan_dev.localcluster.kubeconfig import api_client
@@ -35,6 +37,13 @@ MEMORY = {
 def _stored_versions(k8s_api: Any, plural: str) -> list[str]:
     crd = client.ApiextensionsV1Api(k8s_api).read_custom_resource_definition(f"{plural}.{GROUP}")
     return list(crd.status.stored_versions)
+
+
+def _fields(obj: dict[str, Any], manager: str) -> dict[str, Any]:
+    """The fields `manager` owns in `obj` (its managedFields entry's fieldsV1)."""
+    (entry,) = [m for m in obj["metadata"]["managedFields"] if m["manager"] == manager]
+    fields: dict[str, Any] = entry["fieldsV1"]
+    return fields
 
 
 def test_objects_of_v1alpha1_are_rewritten_and_stored_versions_end_as_v1beta1(
@@ -63,6 +72,25 @@ def test_objects_of_v1alpha1_are_rewritten_and_stored_versions_end_as_v1beta1(
             custom.create_namespaced_custom_object(
                 GROUP, LEGACY_VERSION, namespace, "trainingjobs", body
             )
+        # One as a GitOps tool applies it: server-side, under its own field manager.
+        synced = job_body(namespace, "synced", None)
+        synced["apiVersion"] = f"{GROUP}/{LEGACY_VERSION}"
+        custom.patch_namespaced_custom_object(
+            GROUP,
+            LEGACY_VERSION,
+            namespace,
+            "trainingjobs",
+            "synced",
+            synced,
+            field_manager="argocd",
+            _content_type="application/apply-patch+yaml",
+        )
+        applied = _fields(
+            custom.get_namespaced_custom_object(
+                GROUP, LEGACY_VERSION, namespace, "trainingjobs", "synced"
+            ),
+            "argocd",
+        )
 
         def kept_in_status() -> bool:
             custom.patch_namespaced_custom_object_status(
@@ -88,7 +116,7 @@ def test_objects_of_v1alpha1_are_rewritten_and_stored_versions_end_as_v1beta1(
     try:
         token = rbac.grant()
         config = service_account_kubeconfig(kubeconfig, token, tmp_path / "operator.kubeconfig")
-        operator_api = api_client(Path(config))
+        operator_api = as_field_manager(api_client(Path(config)))
         try:
             asyncio.run(storage.migrate(Kube(operator_api)))
         finally:
@@ -115,6 +143,14 @@ def test_objects_of_v1alpha1_are_rewritten_and_stored_versions_end_as_v1beta1(
     assert "replan" not in old["status"] and old["status"]["phase"] == "Running"
     migrated = custom.get_cluster_custom_object(GROUP, VERSION, "gpupools", pool)
     assert migrated["spec"]["nodePool"] == "a100-ondemand"
+    # The rewrite owns nothing: every field stays with whoever wrote it.
+    jobs = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs")
+    for obj in [migrated, *jobs["items"]]:
+        managers = {m["manager"] for m in obj["metadata"]["managedFields"]}
+        assert FIELD_MANAGER not in managers, obj["metadata"]
+    rewritten = next(j for j in jobs["items"] if j["metadata"]["name"] == "synced")
+    assert _fields(rewritten, "argocd") == applied
+    assert "f:spec" in applied
     custom.delete_cluster_custom_object(GROUP, VERSION, "gpupools", pool)
     # Nothing left to do: a second run changes nothing (one read of each CRD).
     asyncio.run(storage.migrate(Kube(k8s_api)))
