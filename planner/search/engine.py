@@ -38,6 +38,7 @@ from sailplan.planner.plan import Plan, Stage
 from sailplan.planner.profiles.types import ProfileSet
 from sailplan.planner.search import memopts, stagedp, uneven
 from sailplan.planner.search.capacity import CapacityModel, KindServers, TypeServers
+from sailplan.planner.search.cyclebound import CycleInputs
 from sailplan.planner.search.energy import (
     EnergyBound,
     input_problem,
@@ -810,6 +811,10 @@ class Search:
             )
             for weighting in self._weightings(speed, servers, type_servers)
         ]
+        boundary = self._boundary(mbs, keys)
+        cycle_inputs = self._cycle_inputs(
+            tables, kinds, boundary, [w for _, w in work_bounds], capacity
+        )
         group = _Group(
             micro_batches=micro,
             servers=servers,
@@ -821,7 +826,7 @@ class Search:
                 "constant": 0.0,
                 "kinds": kinds,
                 "num_slots": len(slot_keys),
-                "boundary": self._boundary(mbs, keys),
+                "boundary": boundary,
                 "usage_ok": capacity.feasible,
                 "final_ok": capacity.feasible,
                 "rest_lower": np.concatenate([np.cumsum(per_layer[::-1])[::-1], [0.0]]),
@@ -833,10 +838,59 @@ class Search:
                 "kind_allowed": kind_allowed if any(twins_of_kind) else None,
                 "work_bounds": work_bounds,
                 "spread_cache": spreads,
+                "cycle_inputs": cycle_inputs,
             },
         )
         self._groups[group_key] = group
         return group
+
+    def _cycle_inputs(
+        self,
+        tables: list[KindTables],
+        kinds: list[stagedp.Kind],
+        boundary: list[list[list[float]]],
+        weightings: list[stagedp.Weighting],
+        capacity: CapacityModel,
+    ) -> CycleInputs:
+        """The stage DP's capacity-aware cycle bound (cyclebound.py) for one group: the
+        work bound's weightings, and Hall's condition per usage slot and over all of them
+        (capacity.py), each a valid count of what a stage of each kind takes."""
+        n = self.num_layers + 1
+        hop_in = np.full((n, len(kinds)), np.inf)
+        hop_out = np.full((n, len(kinds)), np.inf)
+        for b in range(1, self.num_layers):
+            hops = np.asarray(boundary[b], dtype=np.float64)  # [from kind, to kind]
+            hop_in[b] = hops.min(axis=0)
+            hop_out[b] = hops.min(axis=1)
+        gpus = np.array([k.gpus for k in kinds], dtype=np.float64)
+        slots = len(capacity.servers)
+        costs, slot_weights, totals = [], [], []
+        for weighting in weightings:
+            costs.append(gpus * np.asarray(weighting.kind))
+            slot_weights.append(np.asarray(weighting.slot, dtype=np.float64))
+            totals.append(weighting.capacity)
+        subsets = [[i] for i in range(slots)] + ([list(range(slots))] if slots > 1 else [])
+        for subset in subsets:
+            pools = {p for i in subset for p in capacity.servers[i].pools}
+            costs.append(np.where([k.slot in subset for k in kinds], gpus, 0.0))
+            slot_weights.append(np.array([1.0 if i in subset else 0.0 for i in range(slots)]))
+            totals.append(float(sum(self.pools[p].gpus for p in pools)))
+
+        def compute_at(in_flight: int) -> list[npt.NDArray[np.float64]]:
+            return [
+                kt.compute if kt.options is None else kt.options.compute_at(in_flight)
+                for kt in tables
+            ]
+
+        return CycleInputs(
+            compute_at=compute_at,
+            fits=lambda in_flight: [kt.fits(in_flight) for kt in tables],
+            hop_in=hop_in,
+            hop_out=hop_out,
+            kind_cost=np.array(costs),
+            slot_weight=np.array(slot_weights),
+            capacity=np.array(totals),
+        )
 
     def _solve(
         self,

@@ -34,6 +34,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from sailplan.planner.search.cyclebound import CycleInputs, CycleRoom
+
 Usage = tuple[int, ...]
 """GPUs demanded per usage slot (a GPU type in a zone, or spanning zones)."""
 
@@ -284,6 +286,10 @@ class WorkRows:
         return self._rows[r]
 
 
+# partial plans a DP must hold before it builds its cycle bound (cyclebound.py)
+_ROOM_AFTER_LABELS = 32
+
+
 class DeadlineReachedError(Exception):
     """The caller's deadline ran out in the middle of a DP (see `expired`)."""
 
@@ -311,6 +317,7 @@ def solve(
     spread_cache: dict[tuple[Usage, int], Sequence[float]] | None = None,
     limit_ahead: Callable[[Usage, int], float] | None = None,
     every_label: bool = False,
+    cycle_inputs: CycleInputs | None = None,
 ) -> list[DPResult]:
     """Minimum iteration time per feasible (usage, last kind) for a P = depth pipeline;
     with every_label, every plan of the final Pareto fronts (for the energy objective,
@@ -336,7 +343,9 @@ def solve(
     limit_ahead(usage, r), when given, replaces limit for a usage with r stages still to
     come: the time limit knowing those stages use GPUs too (under a cost objective the
     price of the GPUs a plan will use at least, not only of those used so far); it must
-    equal limit at r = 0 and not increase as a stage is added.
+    equal limit at r = 0 and not increase as a stage is added. cycle_inputs, when given,
+    drops partial plans whose remaining layers cannot keep the cycle the bar allows with
+    the GPUs left (cyclebound.py), and the whole DP when no plan can.
     """
     m1 = micro_batches - 1
     # python lists: the loops below index single entries, much faster than numpy scalars
@@ -348,6 +357,19 @@ def solve(
     # (the canonical open cycle below needs an upper bound on the outgoing hop)
     hop_max = [[max(row) for row in matrix] if b else [] for b, matrix in enumerate(boundary)]
     zero: Usage = (0,) * num_slots
+    room: CycleRoom | None = None
+    cycle = float("inf")
+    if cycle_inputs is not None and micro_batches > 1 and depth > 1:
+        # every plan here takes at least `fill` beyond its (M - 1) steady cycles, so one
+        # that beats the loosest limit any of them can have keeps every cycle within this
+        bar = limit(zero) if limit_ahead is None else limit_ahead(zero, depth)
+        fill = (
+            rest_list[0]
+            + 2.0 * min_hop * (depth - 1)
+            + tail_by_length[-(-num_layers // depth)]
+            + constant
+        )
+        cycle = (bar - fill) / m1 * (1 + 1e-9)
     # state: (first free layer, usage, last kind or -1) -> Pareto front
     fronts: dict[tuple[int, Usage, int], list[_Label]] = {
         (0, zero, -1): [_Label(0.0, 0.0, 0.0, 0.0, None, 0, -1)]
@@ -355,6 +377,18 @@ def solve(
     for s in range(depth):
         if expired is not None and expired():
             raise DeadlineReachedError
+        if (
+            room is None
+            and cycle_inputs is not None
+            and cycle < float("inf")
+            and 0 < s < depth - 1
+            and sum(len(front) for front in fronts.values()) >= _ROOM_AFTER_LABELS
+        ):
+            # the bound costs about a millisecond: only DPs still holding many partial
+            # plans after their first stage pay it
+            room = CycleRoom(cycle_inputs, depth, micro_batches, cycle)
+            if not room.feasible:
+                return []
         last_stage = s == depth - 1
         last_end = num_layers - (depth - s - 1)
         stages_after = depth - s - 1
@@ -416,6 +450,11 @@ def solve(
                 if entry is None:
                     continue
                 bound, spreads = entry
+                roomy = (
+                    room.ends(new_usage, stages_after)
+                    if room is not None and stages_after
+                    else None
+                )
                 x = boundary[start][previous][k] if previous >= 0 else 0.0
                 ends = (
                     range(num_layers, num_layers + 1)
@@ -459,6 +498,8 @@ def solve(
                         floor = tail_floor[end]
                         if floor > max_tail:  # noqa: PLR1730
                             max_tail = floor
+                        if roomy is not None and not roomy[end]:
+                            continue  # the stages after cannot cover the rest in time
                         optimistic = growing + (max_tail - label_tail)
                         spread = spreads[end]
                         if spread > steady:
