@@ -31,6 +31,8 @@ from sailplan.operator.nodeagent.assignment import OPT_IN_ANNOTATION
 from sailplan.operator.nodeagent.clocks import plan_clocks
 from sailplan.operator.reconcile.children import desired_children
 from sailplan.planner.catalog import Catalog
+from sailplan.planner.cli_sources import cluster_of, plan_context
+from sailplan.planner.energy import plan_energy
 from sailplan.planner.plan import Plan
 from sailplan_dev.apply import apply
 
@@ -135,6 +137,14 @@ def test_the_agent_locks_and_resets_a_workers_gpus_on_the_api_server(
             "status": {},
         }
     )
+    # the plan carries the one-clock-per-GPU clocks of a 1% slowdown, as the operator
+    # stores them for a job with energy predictions: the agent must lock exactly those
+    assert plan.predictions is not None
+    context = plan_context(plan, cluster_of(plan, catalog), None, catalog)
+    energy = plan_energy(plan, context, max_slowdown=0.01).prediction()
+    plan = plan.model_copy(
+        update={"predictions": plan.predictions.model_copy(update={"energy": energy})}
+    )
     children = desired_children(job, plan, 1, 0, {p.name: p for p in pools})
     core.create_namespaced_config_map(namespace, children.configmap)
     worker = json.loads(json.dumps(children.pods[0]))  # stage 0, replica 0, TP 2
@@ -142,8 +152,13 @@ def test_the_agent_locks_and_resets_a_workers_gpus_on_the_api_server(
     worker["spec"].pop("affinity", None)
     core.create_namespaced_pod(namespace, worker)
     pod_name = worker["metadata"]["name"]
-    expected_mhz = plan_clocks(plan, catalog).mhz(0, 0)
-    assert expected_mhz is not None and expected_mhz < 1410
+    clocks = plan_clocks(plan, catalog)
+    assert clocks.source == "plan"
+    expected_mhz = clocks.mhz(0, 0)
+    assert (
+        expected_mhz == energy.stage_clocks[0].steady_mhz[0] == energy.stage_clocks[0].fill_mhz[0]
+    )
+    assert expected_mhz < 1410
 
     token = _grant(k8s_api, namespace)
     agent_kubeconfig = service_account_kubeconfig(kubeconfig, token, tmp_path / "agent.kubeconfig")
