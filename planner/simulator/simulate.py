@@ -192,7 +192,8 @@ def simulate(plan: Plan, context: PlanningContext) -> Predictions:
 def _energy_usd(plan: Plan, context: PlanningContext, iteration: float) -> float:
     """Energy of the GPUs in pools with an energy price, at default clocks: each GPU draws
     its blocking power for the whole iteration and its default-clock load power above that
-    while it computes (its forward/backward passes and its optimizer step): the energy
+    while it computes (its forward/backward passes with their recomputation, and its
+    optimizer step unless the CPU runs it: an offloaded step is a GPU wait): the energy
     model's default point (planner/energy/plan_energy.py) with the catalog's power."""
     costs = context.costs
     usd = 0.0
@@ -203,9 +204,11 @@ def _energy_usd(plan: Plan, context: PlanningContext, iteration: float) -> float
         stage = plan.stages[worker.stage]
         a, b = stage.layer_start, stage.layer_end
         table = costs.require_table(worker.gpu_type, stage.tensor_parallel, plan.micro_batch_size)
-        busy = plan.micro_batches_of(worker.replica) * table.forward_backward_seconds(
-            a, b
-        ) + table.update_seconds(a, b)
+        busy = plan.micro_batches_of(worker.replica) * costs.stage_seconds(
+            table, a, b, stage.recompute
+        )
+        if not stage.optimizer_offload:
+            busy += table.update_seconds(a, b)
         load, blocking = costs.gpu_watts(worker.gpu_type)
         joules = worker.tensor_parallel * (blocking * iteration + (load - blocking) * busy)
         usd += joules * per_joule

@@ -197,3 +197,22 @@ def test_energy_predictions_come_with_every_plan_when_asked() -> None:
         assert len(plan.predictions.energy.stage_clocks) == plan.pipeline_depth
     plain = _plan(A100X4, Objective(kind="throughput")).best
     assert plain.predictions is not None and plain.predictions.energy is None
+
+
+def test_the_energy_price_counts_recomputation_and_not_an_offloaded_step() -> None:
+    """The priced energy is the energy model's default point also when a stage recomputes
+    (a longer busy pass) and offloads its optimizer step (the CPU steps, the GPU waits)."""
+    plan = _plan(A100X4, Objective(kind="throughput")).best
+    stages = tuple(
+        s.model_copy(update={"recompute": "full", "optimizer_offload": True}) for s in plan.stages
+    )
+    changed = plan.model_copy(update={"stages": stages})
+    price = 0.25
+    priced = _cluster(A100X4.pools[0].model_copy(update={"usd_per_kwh": price}))
+    plain_context = context_for(plan, priced, None, CATALOG)
+    context = context_for(changed, priced, None, CATALOG)
+    joules = plan_energy(changed, context).default.joules_per_iteration
+    energy_usd = simulate(changed, context).energy_usd_per_iteration
+    assert energy_usd == pytest.approx(joules / JOULES_PER_KWH * price, rel=1e-9)
+    # and it differs from the plain plan's: the check is not vacuous
+    assert energy_usd != pytest.approx(simulate(plan, plain_context).energy_usd_per_iteration)
