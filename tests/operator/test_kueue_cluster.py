@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 from cluster_waits import (
+    RUNNING_TIMEOUT_S,
     kueue_queues,
     priority_classes,  # noqa: F401 (a fixture)
     wait_admitted,
@@ -332,14 +333,32 @@ def test_kueue_admits_a_plan_as_one_gang_and_queues_a_job_over_quota_with_the_re
             assert not pods_of(k8s_api, namespace, "first")
 
             define()
-            first = wait_running(k8s_api, namespace, "first", pool, explain)
+            # The job may start on an interim plan made while its pool's status still
+            # counted fewer nodes, and switch (a new generation, a new Workload) once the
+            # search on the current pool answers: wait for the plan that fills the quota.
+            running = running_on(k8s_api, namespace, "first", pool)
+
+            def on_the_full_plan() -> list[Any] | None:
+                pods = running()
+                return pods if pods and gpus_of(pods) == QUOTA_GPUS else None
+
+            first = wait_for(
+                f"first's workers Running on its {QUOTA_GPUS}-GPU plan",
+                on_the_full_plan,
+                RUNNING_TIMEOUT_S,
+                explain,
+            )
             found = wait_admitted(k8s_api, namespace, "first", explain)
             assert found[1] == kueue.REASON_ADMITTED
             job = get_job(k8s_api, namespace, "first")
-            gpus = gpus_of(first)
             # The plan's GPUs, admitted as one Workload under the quota they fill.
-            assert gpus == job["status"]["plan"]["gpus"] == QUOTA_GPUS
-            (workload,) = workloads_of(k8s_api, namespace)
+            assert job["status"]["plan"]["gpus"] == QUOTA_GPUS
+            (workload,) = wait_for(
+                "one Workload left (an interim plan's is deleted)",
+                lambda: held if len(held := workloads_of(k8s_api, namespace)) == 1 else None,
+                30,
+                explain,
+            )
             assignments = workload["status"]["admission"]["podSetAssignments"]
             assert {a["flavors"]["nvidia.com/gpu"] for a in assignments} == {q.flavor}
             assert sum(a["count"] for a in assignments) == len(first)
