@@ -174,13 +174,20 @@ async def observe(
     kube: Kube,
     job: TrainingJob,
     measured: ProfileSet,
-    nodes: dict[str, NodeInfo],
+    nodes_index: Mapping[str, Any] | None,
     workload_index: Mapping[Any, Any] | None = None,
 ) -> Observed:
     """What the reconcile of `job` looks at, read from the API server now (`measured`
-    profiles and `nodes` from the indices; the job's Kueue Workloads from
-    `workload_index`, the Kopf index by (namespace, job), where Kueue was installed when
-    the operator started, else listed)."""
+    profiles from the index; the nodes from `nodes_index`, the Kopf index of NodeInfo
+    records, else listed; the job's Kueue Workloads from `workload_index`, the Kopf index
+    by (namespace, job), where Kueue was installed when the operator started, else listed).
+
+    The nodes are read after the GPUPools. A GPUPool status is written from the node
+    index, so the index read afterwards knows every node the statuses count as ready.
+    Read before, a node that turned Ready in between is missing from both the free nodes
+    the pass counts from the index (snapshot.with_in_use, at most the status's ready
+    nodes) and the status's possible nodes (it exists now): an autoscaled pool seems to
+    lose a node while its nodes come up, and a job planned on them replans away."""
     namespace, name = job.namespace, job.name
     pods, plans, service = await run_blocking(kube.list_job_children, namespace, name)
     profiling_jobs = await run_blocking(kube.list_profiling_jobs, namespace, name)
@@ -204,9 +211,11 @@ async def observe(
             if bodies is None
             else tuple(w for w in map(kueue.observed_workload, bodies) if w is not None)
         )
+    pools = await read_pools(kube)
+    nodes = await read_nodes(kube, nodes_index)
     return Observed(
         job=job,
-        pools=await read_pools(kube),
+        pools=pools,
         plans=tuple(p for p in (observed_plan(cm) for cm in plans) if p is not None),
         pods=tuple(p for p in (observed_pod(b) for b in pods) if p is not None),
         service_exists=service,

@@ -34,7 +34,6 @@ from sailplan.operator.controller.observation import (
     parse_job,
     parse_pool,
     read_memory,
-    read_nodes,
     read_profiles,
 )
 from sailplan.operator.controller.progress import ProgressReader, attach
@@ -53,7 +52,13 @@ from sailplan.operator.profilestore import ProfileStore
 from sailplan.operator.reconcile.contention import competes, contends
 from sailplan.operator.reconcile.gpupool import pool_status
 from sailplan.operator.reconcile.naming import LABEL_JOB, LABEL_ROLE
-from sailplan.operator.reconcile.nodes import NodeInfo, busiest, gpu_use, held_priorities
+from sailplan.operator.reconcile.nodes import (
+    NodeInfo,
+    bound_nodes,
+    busiest,
+    gpu_use,
+    held_priorities,
+)
 from sailplan.operator.reconcile.provisioning import (
     REASON_CLASS_NOT_SERVED,
     ROLE_CAPACITY,
@@ -80,6 +85,7 @@ from sailplan.operator.reconcile.trainingjob import (
     merge_patch,
     reconcile,
 )
+from sailplan.operator.replan.triggers import with_bindings
 
 log = logging.getLogger("sailplan.operator")
 
@@ -359,7 +365,6 @@ class Runtime:
                 requeue_after=self._requeue_later(key),
             )
             return
-        nodes = await read_nodes(self.kube, self.indices.get("nodes"))
         # Read every pass: newly measured profiles are a reason to replan (policy Auto).
         measured = await read_profiles(
             self.kube,
@@ -377,9 +382,10 @@ class Runtime:
                 self.kube,
                 parsed.job,
                 measured,
-                nodes,
+                self.indices.get("nodes"),
                 self.indices.get("workloads") if self.workloads_indexed else None,
             )
+            nodes = observed.nodes
             # Rank 0's progress comes from its metrics endpoint (controller.progress).
             observed = dataclasses.replace(
                 observed, pods=attach(observed.pods, self.progress.readings)
@@ -399,7 +405,13 @@ class Runtime:
             # pool and zone, the bound ones hold their nodes even before the GPUPool status
             # (written on the pod's event, later) counts them, and a node whose workers
             # are gone is free even before it says so. Other GPU pods come from the index.
-            live = gpu_use(await run_blocking(self.kube.list_live_workers))
+            bodies = await run_blocking(self.kube.list_live_workers)
+            live = gpu_use(bodies)
+            # The job's own workers as that read found them: one bound since its children
+            # were listed holds its node (live.in_use) and reserves nothing here too.
+            observed = dataclasses.replace(
+                observed, pods=with_bindings(observed.pods, bound_nodes(bodies), observed.nodes)
+            )
             reservations = list(live.reservations)
             # Workers withheld until their ProvisioningRequest is Provisioned reserve too.
             requests = await self.capacity_requests()

@@ -196,6 +196,17 @@ def gpu_use(pods: Iterable[Mapping[str, Any]]) -> GpuUse:
     return GpuUse(in_use, priorities, tuple(reservations))
 
 
+def bound_nodes(pods: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """uid -> node of the bound pods among `pods` (API dicts)."""
+    result: dict[str, str] = {}
+    for body in pods:
+        uid = (body.get("metadata") or {}).get("uid")
+        node = (body.get("spec") or {}).get("nodeName")
+        if uid and node:
+            result[str(uid)] = str(node)
+    return result
+
+
 def busiest(*views: Mapping[str, int]) -> dict[str, int]:
     """Per node, the largest value any view gives (GPUs in use, or the highest priority):
     views of the same pods read at different moments, none of which may be missed."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final
@@ -155,6 +155,29 @@ def pod_facts(body: Mapping[str, Any]) -> WorkerPod | None:
         overrides_ignored=ignored_notes(annotations),
         **final_progress(status),
     )
+
+
+def with_bindings(
+    pods: Iterable[WorkerPod], bound: Mapping[str, str], nodes: Mapping[str, NodeInfo]
+) -> tuple[WorkerPod, ...]:
+    """`pods` with the bindings a later read of them found (`bound`: pod uid -> node).
+
+    A planning pass lists its job's workers first and every job's live workers later
+    (controller.runtime); a worker that the scheduler bound in between is unbound in the
+    first read and holds its node in the second, which counts that node busy and the
+    worker's GPUs no longer reserved. Taken as unbound here as well, the worker would
+    neither hold its node nor reserve GPUs in capacity_snapshot, and the job's plan would
+    seem a node short (a CapacityLost while an autoscaler's nodes come up). Only bindings
+    onto nodes the pass knows are taken: one onto a node it does not know would read as a
+    node that is gone.
+    """
+    result = []
+    for pod in pods:
+        node = bound.get(pod.uid) if pod.uid else None
+        if pod.node is None and node is not None and node in nodes:
+            pod = replace(pod, node=node, reservation=None)
+        result.append(pod)
+    return tuple(result)
 
 
 def final_progress(status: Mapping[str, Any]) -> dict[str, Any]:
