@@ -168,8 +168,9 @@ class Autoscaling(KubeModel):
         le=86400,
         description="a zone whose waiting workers get no node within this many seconds is "
         "short (stockout, quota): its possible nodes count as none for a backoff of 5 min, "
-        "doubling to 30 min, until a node of the zone becomes Ready (the cluster "
-        "autoscaler's max-node-provision-time and node-group backoff defaults)",
+        "doubling to 30 min (the operator's defaults), until a node of the zone becomes "
+        "Ready (the cluster autoscaler's max-node-provision-time and node-group backoff "
+        "defaults)",
     )
 
     @field_validator("machine_type")

@@ -96,6 +96,25 @@ def run_command(  # noqa: PLR0917 (typer maps each parameter to an option)
         float,
         typer.Option(min=0, help="replan cost model: seconds to tear pods down after a checkpoint"),
     ] = 15.0,
+    scale_up_backoff_seconds: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            envvar="SAILPLAN_SCALE_UP_BACKOFF_SECONDS",
+            help="seconds an autoscaled GPUPool zone whose workers got no node within "
+            "provisioningTimeoutSeconds counts no new nodes, doubling on each new failure "
+            "(the cluster autoscaler's initial-node-group-backoff-duration)",
+        ),
+    ] = 300,
+    max_scale_up_backoff_seconds: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            envvar="SAILPLAN_MAX_SCALE_UP_BACKOFF_SECONDS",
+            help="the longest that backoff grows to (the cluster autoscaler's "
+            "max-node-group-backoff-duration)",
+        ),
+    ] = 1800,
     leader_elect: Annotated[
         bool,
         typer.Option(
@@ -129,6 +148,7 @@ def run_command(  # noqa: PLR0917 (typer maps each parameter to an option)
     from sailplan.operator.controller import OperatorConfig, build_registry
     from sailplan.operator.leader import Timings
     from sailplan.operator.leader_election import LeaseElector, default_identity, run_while_leading
+    from sailplan.operator.reconcile.scaleup import BackoffPolicy
     from sailplan.operator.replan.cost import RestartCostModel
     from sailplan.operator.replan.decision import ReplanConfig
     from sailplan.planner.catalog import CatalogError, default_catalog, load_catalog
@@ -141,6 +161,10 @@ def run_command(  # noqa: PLR0917 (typer maps each parameter to an option)
         timings = Timings(lease_duration, renew_deadline, retry_period)
     except ValueError as error:
         raise _fail(str(error)) from error
+    try:
+        scale_up_backoff = BackoffPolicy(scale_up_backoff_seconds, max_scale_up_backoff_seconds)
+    except ValueError as error:
+        raise _fail(f"--max-scale-up-backoff-seconds: {error}") from error
     try:
         catalog = load_catalog(catalog_file) if catalog_file else default_catalog()
     except (CatalogError, OSError) as error:
@@ -159,6 +183,7 @@ def run_command(  # noqa: PLR0917 (typer maps each parameter to an option)
                 pod_start_seconds=restart_pod_start_seconds,
             )
         ),
+        scale_up_backoff=scale_up_backoff,
     )
     kopf.configure(
         verbose=verbose,

@@ -222,6 +222,7 @@ class Runtime:
                 reserved=reserved.get(name),
                 waiting_since=waiting.get(name),
                 verdicts=found,
+                backoff_policy=self.config.scale_up_backoff,
             )
             if pool.spec.autoscaling is not None:
                 moment = next_change(

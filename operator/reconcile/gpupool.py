@@ -27,7 +27,12 @@ from sailplan.operator.api.gpupool import Autoscaling, GPUPool, GPUPoolStatus, Z
 from sailplan.operator.api.machines import MACHINE_SHAPES
 from sailplan.operator.reconcile.nodes import NodeInfo
 from sailplan.operator.reconcile.provisioning import CLASS_SERVED, Verdicts, class_condition
-from sailplan.operator.reconcile.scaleup import ZoneBackoff, zone_backoff
+from sailplan.operator.reconcile.scaleup import (
+    DEFAULT_BACKOFF,
+    BackoffPolicy,
+    ZoneBackoff,
+    zone_backoff,
+)
 from sailplan.planner.catalog import Catalog, UnknownGPUError
 
 
@@ -184,11 +189,13 @@ def pool_status(
     reserved: Mapping[str, int] | None = None,
     waiting_since: Mapping[str, datetime] | None = None,
     verdicts: Verdicts | None = None,
+    backoff_policy: BackoffPolicy = DEFAULT_BACKOFF,
 ) -> GPUPoolStatus:
     """The status the pool should have given every node of the cluster, GPU usage per node,
     `reserved`: zone -> GPUs that this pool's created but unbound workers will take,
-    `waiting_since`: zone -> creation time of the oldest of those workers, and `verdicts`:
-    what the operator's ProvisioningRequests say about the autoscalers."""
+    `waiting_since`: zone -> creation time of the oldest of those workers, `verdicts`:
+    what the operator's ProvisioningRequests say about the autoscalers, and `backoff_policy`: how
+    long a zone that gave no node is backed off (the operator's setting)."""
     selected = sorted((n for n in nodes if selects(pool, n)), key=lambda n: n.name)
     gpu_type, type_condition = _resolve_gpu_type(pool, selected, catalog)
     reserved = reserved or {}
@@ -217,6 +224,7 @@ def pool_status(
                 waiting_since=(waiting_since or {}).get(z),
                 timeout_seconds=autoscaling.provisioning_timeout_seconds,
                 now=now,
+                policy=backoff_policy,
             )
     zones = tuple(
         _zone_status(

@@ -11,6 +11,11 @@ that exist and a job waiting for nodes that do not come replans onto them (its p
 longer fits the snapshot); when the backoff ends the possible nodes count again and the job
 is offered the larger plan, which has to win the replan decision like any other.
 
+The backoff's first length and its cap are the operator's settings (`BackoffPolicy`, from
+`sailplan operator run --scale-up-backoff-seconds / --max-scale-up-backoff-seconds`),
+the cluster autoscaler's defaults unless changed: a cluster whose autoscaler backs off
+otherwise says so, and the cluster tests use seconds instead of minutes.
+
 Pure: reconcile.gpupool.pool_status calls `zone_backoff` once per zone of an autoscaled
 pool with the zone's previous status.
 """
@@ -28,6 +33,35 @@ from sailplan.operator.api.gpupool import ZoneStatus
 # duration 5m, max-node-group-backoff-duration 30m.
 INITIAL_BACKOFF_SECONDS: Final = 300
 MAX_BACKOFF_SECONDS: Final = 1800
+
+
+@dataclass(frozen=True)
+class BackoffPolicy:
+    """How long a zone that gave no node is backed off: `initial_seconds` the first time,
+    doubling on each new failure up to `max_seconds`."""
+
+    initial_seconds: int = INITIAL_BACKOFF_SECONDS
+    max_seconds: int = MAX_BACKOFF_SECONDS
+
+    def __post_init__(self) -> None:
+        if self.initial_seconds < 1:
+            raise ValueError(
+                f"the scale-up backoff must be at least 1 s, not {self.initial_seconds}"
+            )
+        if self.max_seconds < self.initial_seconds:
+            raise ValueError(
+                f"the maximum scale-up backoff ({self.max_seconds} s) is below the first "
+                f"backoff ({self.initial_seconds} s)"
+            )
+
+    def after(self, last_seconds: int) -> int:
+        """The length of a new backoff, given the last one (0: none yet)."""
+        if not last_seconds:
+            return self.initial_seconds
+        return min(self.max_seconds, 2 * last_seconds)
+
+
+DEFAULT_BACKOFF: Final = BackoffPolicy()
 
 
 @dataclass(frozen=True)
@@ -49,13 +83,14 @@ def zone_backoff(
     waiting_since: datetime | None,
     timeout_seconds: int,
     now: datetime,
+    policy: BackoffPolicy = DEFAULT_BACKOFF,
 ) -> ZoneBackoff:
     """The zone's backoff now, from its previous status and what waits in it.
 
     A node of the zone that became Ready since the previous status ends any backoff and
     resets it (the zone gives nodes again). A backoff still running stays. Otherwise a
-    worker that has waited `timeout_seconds` or longer starts a new backoff: the initial
-    one, or twice the last, at most the maximum.
+    worker that has waited `timeout_seconds` or longer starts a new backoff: the policy's
+    initial one, or twice the last, at most its maximum.
     """
     last_until = previous.scale_up_backoff_until if previous is not None else None
     last_seconds = previous.scale_up_backoff_seconds if previous is not None else 0
@@ -64,9 +99,7 @@ def zone_backoff(
     if last_until is not None and now < last_until:
         return ZoneBackoff(until=last_until, seconds=last_seconds)
     if waiting_since is not None and (now - waiting_since).total_seconds() >= timeout_seconds:
-        seconds = (
-            min(MAX_BACKOFF_SECONDS, 2 * last_seconds) if last_seconds else INITIAL_BACKOFF_SECONDS
-        )
+        seconds = policy.after(last_seconds)
         return ZoneBackoff(until=now + timedelta(seconds=seconds), seconds=seconds)
     return ZoneBackoff(until=None, seconds=last_seconds)
 

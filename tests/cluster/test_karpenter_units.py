@@ -18,6 +18,7 @@ from sailplan_dev.localcluster.karpenter_shapes import (
     KarpenterError,
     instance_types,
     node_pools,
+    without_offerings,
 )
 from sailplan_dev.localcluster.nodes import MANAGER_KWOK, MANAGER_LABEL
 
@@ -128,3 +129,24 @@ def test_karpenter_is_built_with_its_crds_and_checked_by_its_module_version() ->
     }
     # `sailplan cluster up` does not need it: the control plane starts without Karpenter.
     assert "karpenter" not in build.CONTROL_PLANE_NAMES
+
+
+def test_a_stockout_takes_only_that_machine_types_offerings_in_those_zones() -> None:
+    zones = ["us-central1-a", "us-central1-b"]
+    full = instance_types(zones)
+    stocked_out = without_offerings(full, "a2-highgpu-4g", ["us-central1-b"])
+    before, after = ({t["name"]: t for t in types} for types in (full, stocked_out))
+    offered = {
+        (labels_of(o)["topology.kubernetes.io/zone"], labels_of(o)[CAPACITY_TYPE_LABEL])
+        for o in after["a2-highgpu-4g"]["offerings"]
+    }
+    # on demand and spot gone in zone b, both still offered in zone a
+    assert offered == {("us-central1-a", "on-demand"), ("us-central1-a", "spot")}
+    assert after["a2-highgpu-4g"]["resources"] == before["a2-highgpu-4g"]["resources"]
+    # every other machine type as it was, and the input untouched (the restore reuses it)
+    assert {k: v for k, v in after.items() if k != "a2-highgpu-4g"} == {
+        k: v for k, v in before.items() if k != "a2-highgpu-4g"
+    }
+    assert len(before["a2-highgpu-4g"]["offerings"]) == 4
+    with pytest.raises(KarpenterError, match="no instance type a9-nothing"):
+        without_offerings(full, "a9-nothing", zones)

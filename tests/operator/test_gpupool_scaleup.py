@@ -1,11 +1,13 @@
 """Autoscaled zones that do not give nodes: a zone whose waiting workers got no node within
 provisioningTimeoutSeconds is backed off (no possible nodes, condition ScaleUpAvailable
-False), for 5 min doubling to 30 min, until a node of the zone becomes Ready; planning then
-sees only the nodes that exist."""
+False), for 5 min doubling to 30 min (the operator's --scale-up-backoff-seconds and
+--max-scale-up-backoff-seconds change both), until a node of the zone becomes Ready;
+planning then sees only the nodes that exist."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +17,7 @@ from sailplan.operator.api.common import find_condition
 from sailplan.operator.api.gpupool import GPUPool, GPUPoolStatus
 from sailplan.operator.reconcile.gpupool import pool_status
 from sailplan.operator.reconcile.nodes import NodeInfo, created_at
-from sailplan.operator.reconcile.scaleup import next_change
+from sailplan.operator.reconcile.scaleup import BackoffPolicy, next_change
 from sailplan.operator.reconcile.snapshot import build_snapshot
 from sailplan.planner.catalog import Catalog, default_catalog
 
@@ -55,9 +57,11 @@ def advance(
     *,
     nodes: list[NodeInfo] | None = None,
     waiting: dict[str, datetime] | None = None,
+    policy: BackoffPolicy | None = None,
 ) -> tuple[GPUPool, GPUPoolStatus]:
     """One status refresh at `now`; the pool carries the written status to the next one."""
-    status = pool_status(pool, nodes or [], {}, catalog, now, waiting_since=waiting)
+    extra = {"backoff_policy": policy} if policy is not None else {}
+    status = pool_status(pool, nodes or [], {}, catalog, now, waiting_since=waiting, **extra)
     return pool.model_copy(update={"status": status}), status
 
 
@@ -177,3 +181,103 @@ def test_the_next_change_is_the_first_backoff_end_or_timeout_still_to_come(
     _, status = advance(pool, catalog, later, waiting=waiting)
     assert next_change(status.zones, waiting, 900, later) == NOW + timedelta(seconds=840)
     assert next_change(status.zones, {}, 900, later) is None
+
+
+def test_the_operators_backoff_setting_sets_the_first_length_and_the_cap(
+    catalog: Catalog,
+) -> None:
+    policy = BackoffPolicy(initial_seconds=10, max_seconds=25)
+    pool, now = autoscaled(provisioningTimeoutSeconds=60), NOW
+    lengths = []
+    for _ in range(4):
+        pool, status = advance(
+            pool, catalog, now, waiting={ZONE_A: now - timedelta(seconds=60)}, policy=policy
+        )
+        a = zone(status, ZONE_A)
+        assert a.nodes_possible == 0 and a.scale_up_backoff_until is not None
+        lengths.append(a.scale_up_backoff_seconds)
+        assert a.scale_up_backoff_until == now + timedelta(seconds=a.scale_up_backoff_seconds)
+        now = a.scale_up_backoff_until
+    assert lengths == [10, 20, 25, 25]
+    condition = find_condition(status.conditions, api.SCALE_UP_AVAILABLE)
+    assert condition is not None and "(backoff 25 s)" in condition.message
+
+
+@pytest.mark.parametrize(
+    ("initial", "cap", "message"),
+    [
+        (0, 10, "at least 1 s, not 0"),
+        (60, 30, r"maximum scale-up backoff \(30 s\) is below the first backoff \(60 s\)"),
+    ],
+)
+def test_a_backoff_setting_that_makes_no_sense_is_refused(
+    initial: int, cap: int, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        BackoffPolicy(initial, cap)
+
+
+def _kubeconfig(path: Path) -> Path:
+    """A kubeconfig that parses; nothing is served at its address (never contacted here)."""
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    return path
+
+
+def test_operator_run_passes_the_backoff_flags_and_env_to_the_controller(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from sailplan.operator import controller
+    from sailplan.operator.cli.operator_commands import register
+
+    seen: list[Any] = []
+
+    def stop_here(config: Any, api_client: Any) -> Any:
+        seen.append(config.scale_up_backoff)
+        raise typer.Exit(code=0)
+
+    monkeypatch.setattr(controller, "build_registry", stop_here)
+    app = typer.Typer()
+    register(app)
+    args = ["operator", "run", f"--kubeconfig={_kubeconfig(tmp_path / 'kubeconfig')}"]
+    runner = CliRunner()
+    assert runner.invoke(app, args).exit_code == 0
+    flags = ["--scale-up-backoff-seconds=15", "--max-scale-up-backoff-seconds=40"]
+    assert runner.invoke(app, [*args, *flags]).exit_code == 0
+    env = {"SAILPLAN_SCALE_UP_BACKOFF_SECONDS": "7", "SAILPLAN_MAX_SCALE_UP_BACKOFF_SECONDS": "9"}
+    assert runner.invoke(app, args, env=env).exit_code == 0
+    assert seen == [BackoffPolicy(300, 1800), BackoffPolicy(15, 40), BackoffPolicy(7, 9)]
+
+
+def test_operator_run_refuses_a_backoff_cap_below_the_first_backoff_with_exit_code_2(
+    tmp_path: Path,
+) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from sailplan.operator.cli.operator_commands import register
+
+    app = typer.Typer()
+    register(app)
+    refused = CliRunner().invoke(
+        app,
+        [
+            "operator",
+            "run",
+            f"--kubeconfig={_kubeconfig(tmp_path / 'kubeconfig')}",
+            "--scale-up-backoff-seconds=60",
+            "--max-scale-up-backoff-seconds=30",
+        ],
+    )
+    assert refused.exit_code == 2
+    assert refused.output.strip().splitlines() == [
+        "error: --max-scale-up-backoff-seconds: the maximum scale-up backoff (30 s) is below "
+        "the first backoff (60 s)"
+    ]

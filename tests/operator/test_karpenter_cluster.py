@@ -1,5 +1,7 @@
 """A real node autoscaler under the operator: Karpenter (kwok provider) grows an autoscaled
-GPUPool from zero nodes for a job and shrinks it back once the job is gone.
+GPUPool from zero nodes for a job and shrinks it back once the job is gone; a stockout
+(Karpenter adds no node) moves the job to a smaller plan on nodes that exist, and the larger
+plan wins again once the offering is back.
 
 The operator plans on the capacity the pool may add and creates worker pods pinned to the
 pool and zone; Karpenter sees them pending and creates nodes labelled as GKE labels the node
@@ -19,27 +21,37 @@ from typing import Any
 import pytest
 from kubernetes import client
 from operator_process import OperatorProcess
-from test_autoscaled_pools_cluster import pod_gpus, pool_status, submit, zone_of
-from test_operator_cluster import pods_of, wait_phase
+from test_autoscaled_pools_cluster import (
+    pod_gpus,
+    pool_status,
+    running_on,
+    scale_up_backed_off,
+    submit,
+    zone_of,
+)
+from test_operator_cluster import get_job, job_body, pods_of, wait_phase
 from waiting import wait_for
 
 from sailplan.operator.api.common import GROUP, VERSION
 from sailplan.operator.api.gpupool import GPUPool
+from sailplan.planner.workerenv import CHECKPOINT_REQUEST_ANNOTATION
 from sailplan_dev.localcluster.karpenter import Karpenter
 from sailplan_dev.localcluster.karpenter_shapes import (
     NODEPOOL_OF_NODE_LABEL,
     instance_types,
     node_pools,
+    without_offerings,
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 ZONE = "us-central1-b"
+MACHINE = "a2-highgpu-4g"
 GPUS_PER_NODE = 4  # a2-highgpu-4g
 MAX_NODES = 2
 AUTOSCALING: dict[str, Any] = {
     "zones": [ZONE],
-    "machineType": "a2-highgpu-4g",
+    "machineType": MACHINE,
     "minNodesPerZone": 0,
     "maxNodesPerZone": MAX_NODES,
     "provisioningSeconds": 30,
@@ -48,16 +60,37 @@ AUTOSCALING: dict[str, Any] = {
 
 @pytest.fixture
 def karpenter(
-    kubeconfig: str, k8s_api: Any, local_cluster: Any, tmp_path: Path
+    kubeconfig: str,
+    k8s_api: Any,
+    local_cluster: Any,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> Iterator[Karpenter]:
     """Karpenter against the session's local cluster (its kwok must play the new nodes'
-    kubelets, hence local_cluster), stopped after the test with its nodes removed."""
+    kubelets, hence local_cluster), stopped after the test with its nodes removed. Tests
+    ask for it before `operator`, so the operator stops first: stopped while the operator
+    runs, Karpenter would evict the workers and the operator would replan them.
+
+    Started stocked out with @pytest.mark.parametrize("karpenter", [(machine type, zones)],
+    indirect=True): that machine type is not offered in those zones."""
+    types = instance_types([ZONE])
+    stockout = getattr(request, "param", None)
+    if stockout is not None:
+        types = without_offerings(types, *stockout)
     running = Karpenter(Path(kubeconfig), k8s_api, tmp_path / "karpenter")
-    running.start(instance_types([ZONE]))
+    running.start(types)
     try:
         yield running
     finally:
         running.stop()
+
+
+def karpenter_pool(gpupools: Callable[..., str], node_pool: str, **autoscaling: Any) -> GPUPool:
+    """A GPUPool of AUTOSCALING (and `autoscaling`) in the cluster, as the model the
+    NodePools are made from."""
+    spec = {"nodePool": node_pool, "autoscaling": AUTOSCALING | autoscaling}
+    name = gpupools(node_pool, autoscaling=spec["autoscaling"])
+    return GPUPool.model_validate({"name": name, "spec": spec})
 
 
 def nodes_of(k8s_api: Any, node_pool: str) -> list[Any]:
@@ -115,15 +148,13 @@ def explainer(
 def test_karpenter_grows_a_pool_from_zero_for_a_job_and_removes_the_nodes_after(
     k8s_api: Any,
     namespace: str,
+    karpenter: Karpenter,
     operator: OperatorProcess,
     gpupools: Callable[..., str],
-    karpenter: Karpenter,
 ) -> None:
     node_pool = f"karp-{uuid.uuid4().hex[:6]}"
-    name = gpupools(node_pool, autoscaling=AUTOSCALING)
-    pool = GPUPool.model_validate(
-        {"name": name, "spec": {"nodePool": node_pool, "autoscaling": AUTOSCALING}}
-    )
+    pool = karpenter_pool(gpupools, node_pool)
+    name = pool.name
     karpenter.apply_node_pools(node_pools(pool, consolidate_after_s=0))
     explain = explainer(k8s_api, karpenter, namespace, "grow", node_pool)
     assert not nodes_of(k8s_api, node_pool)
@@ -176,3 +207,140 @@ def test_karpenter_grows_a_pool_from_zero_for_a_job_and_removes_the_nodes_after(
         120,
         explain,
     )
+
+
+BACKOFF_S = 8  # the operator's scale-up backoff here: seconds, not GKE's minutes
+
+
+def whole_plan_running(
+    k8s_api: Any, namespace: str, job: str, gpupool: str
+) -> Callable[[], list[Any] | None]:
+    """A wait_for check: every worker of the job's current plan (as its status says: the
+    generation and the number of workers) Running on `gpupool`."""
+    on_pool = running_on(k8s_api, namespace, job, gpupool)
+
+    def check() -> list[Any] | None:
+        pods = on_pool()
+        plan = (get_job(k8s_api, namespace, job).get("status") or {}).get("plan") or {}
+        if not pods or len(pods) != plan.get("workers"):
+            return None
+        generations = {p.metadata.labels["sailplan.dev/plan-generation"] for p in pods}
+        return pods if generations == {str(plan.get("generation"))} else None
+
+    return check
+
+
+@pytest.mark.parametrize("karpenter", [(MACHINE, [ZONE])], indirect=True)
+@pytest.mark.parametrize(
+    "operator",
+    [
+        (
+            "--scale-up-backoff-seconds",
+            str(BACKOFF_S),
+            "--max-scale-up-backoff-seconds",
+            str(BACKOFF_S),
+        )
+    ],
+    indirect=True,
+)
+def test_a_stockout_moves_the_job_to_nodes_that_exist_and_the_larger_plan_wins_once_it_ends(
+    k8s_api: Any,
+    namespace: str,
+    karpenter: Karpenter,
+    operator: OperatorProcess,
+    gpupools: Callable[..., str],
+) -> None:
+    """The stockout is the A100 machine type's offering missing from Karpenter's instance
+    types in the pool's zone, and it ends when Karpenter is restarted with the offering
+    back. That is what a stockout is to an autoscaler: the cloud has no such machine in that
+    zone for now, whatever the node pool's limits allow (GCE_STOCKOUT; an AWS Karpenter
+    marks the offering unavailable for a while after an insufficient-capacity error). The
+    kwok provider cannot mark an offering unavailable: it reads its instance-types file
+    once, at start, and sets every offering in it Available; hence the file without the
+    offering, and a restart to change it. A NodePool limit below the pool's maximum (the
+    other way to deny nodes) stands for a quota instead, and Karpenter would say so at once
+    rather than leave the pods waiting as a stockout does.
+
+    Either way the operator sees what it would see on GKE: workers pinned to the zone that
+    get no node. After provisioningTimeoutSeconds (60 s, the schema's minimum, most of this
+    test's time) it backs the zone off for the operator's --scale-up-backoff-seconds, the
+    job replans onto the V100s that exist, and when the backoff ends the A100 plan is
+    offered again and has to win the replan decision: a voluntary switch (CapacityAdded)
+    through a checkpoint, which this test answers as the trainer would, by exiting.
+    """
+    a100 = karpenter_pool(gpupools, f"stock-{uuid.uuid4().hex[:6]}", provisioningTimeoutSeconds=60)
+    existing = gpupools("v100-spot")
+    karpenter.apply_node_pools(node_pools(a100, consolidate_after_s=0))
+    node_pool = a100.spec.node_pool
+    assert node_pool is not None
+    explain = explainer(k8s_api, karpenter, namespace, "stockout", node_pool)
+    wait_for(
+        "possible capacity in the A100 pool",
+        lambda: pool_status(k8s_api, a100.name).get("gpusPossible") == MAX_NODES * GPUS_PER_NODE,
+        60,
+    )
+    # A long job (eight A100s after a 30 s wait beat the four V100s that exist now) that
+    # may switch again right after a switch.
+    body = job_body(namespace, "stockout", [a100.name, existing], replan={"cooldownSeconds": 0})
+    body["spec"]["training"]["steps"] = 1_000_000
+    client.CustomObjectsApi(k8s_api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "trainingjobs", body
+    )
+
+    def on_a100() -> list[Any] | None:
+        pods = pods_of(k8s_api, namespace, "stockout")
+        return [p for p in pods if p.metadata.labels["sailplan.dev/gpupool"] == a100.name] or None
+
+    waiting = wait_for("workers pinned to the A100 pool", on_a100, 60, explain)
+    assert all(p.spec.node_name is None for p in waiting)
+    status = wait_for(
+        "the zone backed off after the 60 s timeout",
+        lambda: scale_up_backed_off(k8s_api, a100.name),
+        100,
+        explain,
+    )
+    (zone,) = status["zones"]
+    assert (zone["zone"], zone["nodesPossible"]) == (ZONE, 0)
+    assert zone["scaleUpBackoffSeconds"] == BACKOFF_S  # the operator's setting, not 300
+    # Karpenter saw the pending workers and added nothing: no offering fits them.
+    assert not nodes_of(k8s_api, node_pool) and not karpenter.node_claims()
+
+    smaller = wait_for(
+        "the job moved to the V100s that exist, Running",
+        whole_plan_running(k8s_api, namespace, "stockout", existing),
+        60,
+        explain,
+    )
+
+    karpenter.restart(instance_types([ZONE]))  # the stockout is over
+    asked: set[str] = set()
+    core = client.CoreV1Api(k8s_api)
+
+    def back_on_a100() -> list[Any] | None:
+        pods = pods_of(k8s_api, namespace, "stockout")
+        for pod in pods:
+            # The trainer's part: a checkpoint asked for, written, and a clean exit.
+            if (pod.metadata.annotations or {}).get(CHECKPOINT_REQUEST_ANNOTATION) and (
+                pod.status.phase == "Running"
+            ):
+                asked.add(pod.metadata.name)
+                core.patch_namespaced_pod_status(
+                    pod.metadata.name, namespace, {"status": {"phase": "Succeeded"}}
+                )
+        return whole_plan_running(k8s_api, namespace, "stockout", a100.name)()
+
+    bound = wait_for(
+        "the job back on the A100 pool, on nodes Karpenter added", back_on_a100, 90, explain
+    )
+    assert pod_gpus(bound) > pod_gpus(smaller)
+    assert {p.spec.node_name for p in bound} <= {
+        n.metadata.name for n in nodes_of(k8s_api, node_pool)
+    }
+    assert {zone_of(p) for p in bound} == {ZONE}
+    # The V100 workers were asked for a checkpoint first: a planned switch, not a loss.
+    assert asked and asked <= {p.metadata.name for p in smaller}
+    job = wait_phase(k8s_api, namespace, "stockout", {"Running"}, 30)
+    history = job["status"]["history"]
+    assert history[-1]["reason"].startswith("CapacityAdded"), history
+    assert "predicted gain +" in history[-1]["reason"], history
+    assert any(h["reason"].startswith("CapacityLost") for h in history[:-1]), history

@@ -8,7 +8,10 @@ its kwok provider makes Node objects instead of VMs. So the autoscaling cluster 
 Karpenter, built by `build`, against the local cluster: it sees the pending pods, creates
 NodeClaims and Nodes labelled like the GKE node pool's nodes (karpenter_shapes), the
 cluster's kwok keeps them Ready (their template labels carry MANAGER_LABEL=kwok), and
-Karpenter removes them once empty.
+Karpenter removes them once empty. A stockout is an offering missing from the
+instance-types file (karpenter_shapes.without_offerings) that Karpenter was started or
+`restart`ed with: it then adds no node for pods that need it, as a cloud out of that
+machine in that zone adds none.
 
 Empty nodes go 25-40 s after their last pod: Karpenter's disruption loop polls every 10 s
 and waits 15 s before acting on a decision (constants in its code, no settings).
@@ -88,6 +91,20 @@ class Karpenter:
             raise KarpenterError("karpenter is not built: run `sailplan cluster build`")
         self._install_crds(timeout_s)
         self._create_node_class(registration_delay_s, timeout_s)
+        self._launch(binary, types, timeout_s)
+
+    def restart(self, types: list[dict[str, Any]], timeout_s: float = 60.0) -> None:
+        """Stop Karpenter and start it again over `types`, once ready.
+
+        The kwok provider reads its instance-types file once, at start: an offering that
+        goes or comes back (a stockout that starts or ends) takes a new process. Karpenter
+        keeps no state of its own (it reads its NodePools, NodeClaims and nodes back from
+        the cluster), so the restarted one carries on where the other stopped.
+        """
+        self._terminate()
+        self._launch(build.binary_path("karpenter", self.root), types, timeout_s)
+
+    def _launch(self, binary: Path, types: list[dict[str, Any]], timeout_s: float) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         types_file = self.workdir / "instance-types.json"
         types_file.write_text(json.dumps(types, indent=1))

@@ -3,7 +3,8 @@
 Pure (no I/O), so unit tests check every label, limit and taint without a cluster
 (tests/cluster/test_karpenter_units.py). `instance_types` is Karpenter's kwok-provider
 instance-types file: the GKE GPU machine types of operator.api.machines, sized by GKE's
-machine pages and priced from the planner's catalog. `node_pools` are the NodePools a
+machine pages and priced from the planner's catalog; `without_offerings` takes a machine
+type's offerings in some zones out of it (a stockout there). `node_pools` are the NodePools a
 GPUPool's spec.autoscaling stands for. The cluster test and benchmarks/autoscale.py give
 them to localcluster.karpenter.Karpenter (the process).
 """
@@ -151,6 +152,32 @@ def instance_types(zones: Iterable[str], catalog: Catalog | None = None) -> list
             }
         )
     return types
+
+
+def without_offerings(
+    types: list[dict[str, Any]], machine_type: str, zones: Iterable[str]
+) -> list[dict[str, Any]]:
+    """`types` where `machine_type` is no longer offered in `zones` (on demand nor spot): a
+    stockout there, as the cloud would answer for a while.
+
+    The kwok provider has no unavailable offering: it marks every offering of its file
+    Available when it reads it, so one that is gone has to be missing from the file. The
+    other machine types, and this one in other zones, stay as they were.
+    """
+    gone = set(zones)
+    if not any(t["name"] == machine_type for t in types):
+        raise KarpenterError(f"no instance type {machine_type} to take offerings from")
+    result = []
+    for instance in types:
+        if instance["name"] == machine_type:
+            kept = [o for o in instance["offerings"] if _zone_of(o) not in gone]
+            instance = {**instance, "offerings": kept}
+        result.append(instance)
+    return result
+
+
+def _zone_of(offering: dict[str, Any]) -> str | None:
+    return next((r["values"][0] for r in offering["Requirements"] if r["key"] == ZONE_LABEL), None)
 
 
 def node_pool_instance_type(pool: GPUPool, catalog: Catalog | None = None) -> str:
