@@ -107,10 +107,11 @@ def ready(node: Any) -> bool:
 
 
 def explainer(
-    k8s_api: Any, karpenter: Karpenter, namespace: str, job: str, node_pool: str
+    k8s_api: Any, karpenter: Karpenter, namespace: str, job: str | tuple[str, ...], node_pool: str
 ) -> Callable[[], str]:
-    """What a timeout shows: the node claims, the pool's nodes, the job's pods, Karpenter's
-    last log lines (why it did or did not provision or remove)."""
+    """What a timeout shows: the node claims, the pool's nodes, the job's (or jobs') pods
+    and status, Karpenter's last log lines (why it did or did not provision or remove)."""
+    jobs = (job,) if isinstance(job, str) else job
 
     def explain() -> str:
         claims = [
@@ -127,7 +128,17 @@ def explainer(
         ]
         pods = [
             f"  {p.metadata.name} {p.status.phase} on {p.spec.node_name}"
-            for p in pods_of(k8s_api, namespace, job)
+            for name in jobs
+            for p in pods_of(k8s_api, namespace, name)
+        ]
+        states = [
+            f"  {name}: {status.get('phase')} "
+            + "; ".join(
+                f"{c['type']}={c['status']} {c.get('reason', '')}"
+                for c in status.get("conditions", [])
+            )
+            for name in jobs
+            for status in [get_job(k8s_api, namespace, name).get("status") or {}]
         ]
         return "\n".join(
             [
@@ -137,6 +148,8 @@ def explainer(
                 *nodes,
                 "pods:",
                 *pods,
+                "jobs:",
+                *states,
                 "karpenter log:",
                 karpenter.log_tail(),
             ]
@@ -207,6 +220,121 @@ def test_karpenter_grows_a_pool_from_zero_for_a_job_and_removes_the_nodes_after(
         120,
         explain,
     )
+
+
+def live_workers(k8s_api: Any, namespace: str, jobs: tuple[str, ...]) -> list[Any]:
+    """The jobs' workers that hold or will take GPUs: not finished, not being deleted."""
+    return [
+        p
+        for job in jobs
+        for p in pods_of(k8s_api, namespace, job)
+        if p.status.phase not in ("Succeeded", "Failed") and not p.metadata.deletion_timestamp
+    ]
+
+
+def booked_twice(k8s_api: Any, namespace: str, jobs: tuple[str, ...], possible: int) -> list[str]:
+    """Capacity booked twice, if any: the jobs' workers (bound or not) planning more GPUs in
+    the pool's zone than it can ever have, or bound to a node with fewer GPUs than they
+    take."""
+    workers = live_workers(k8s_api, namespace, jobs)
+    problems = []
+    planned = pod_gpus(workers)
+    if planned > possible:
+        names = sorted(p.metadata.name for p in workers)
+        problems.append(f"{planned} GPUs planned in a zone of {possible}: {names}")
+    per_node: dict[str, list[Any]] = {}
+    for pod in workers:
+        if pod.spec.node_name:
+            per_node.setdefault(pod.spec.node_name, []).append(pod)
+    allocatable = {
+        n.metadata.name: int((n.status.allocatable or {}).get("nvidia.com/gpu", 0))
+        for n in client.CoreV1Api(k8s_api).list_node().items
+    }
+    for node, pods in sorted(per_node.items()):
+        if pod_gpus(pods) > allocatable.get(node, 0):
+            problems.append(f"node {node}: {pod_gpus(pods)} GPUs bound, {allocatable.get(node)}")
+    return problems
+
+
+def settled(k8s_api: Any, namespace: str, job: str) -> str | None:
+    """Running (phase and every worker of the plan), or Unschedulable without workers and
+    the reason it waits; None while neither."""
+    status = get_job(k8s_api, namespace, job).get("status") or {}
+    pods = [p for p in pods_of(k8s_api, namespace, job) if not p.metadata.deletion_timestamp]
+    workers = (status.get("plan") or {}).get("workers")
+    if status.get("phase") == "Running" and len(pods) == workers:
+        return "Running" if all(p.status.phase == "Running" for p in pods) else None
+    if status.get("phase") == "Unschedulable" and not pods:
+        reasons = [
+            c.get("reason")
+            for c in status.get("conditions", [])
+            if c["type"] == "Unschedulable" and c["status"] == "True"
+        ]
+        return f"Unschedulable: {reasons[0]}" if reasons else None
+    return None
+
+
+def test_two_jobs_submitted_together_on_a_pool_at_zero_nodes_never_book_the_same_gpus(
+    k8s_api: Any,
+    namespace: str,
+    karpenter: Karpenter,
+    operator: OperatorProcess,
+    gpupools: Callable[..., str],
+) -> None:
+    """Both jobs plan at once on a pool that may grow to three nodes (12 A100s) and has
+    none. Alone, each would plan on eight A100s (its cost limit); together they fit only if the second plans
+    on what the first's unbound workers leave (four), or waits. Whatever each plans, the two
+    plans together never count more GPUs than the pool can have (a job that counted the
+    other's reserved capacity as its own would plan 16), no node gets more workers than its
+    GPUs, and each job ends Running on nodes Karpenter added, or waiting with a reason.
+    Checked every few hundred milliseconds from the submission on, while the jobs plan,
+    their workers wait and Karpenter adds nodes.
+    """
+    pool = karpenter_pool(gpupools, f"two-{uuid.uuid4().hex[:6]}", maxNodesPerZone=3)
+    karpenter.apply_node_pools(node_pools(pool, consolidate_after_s=0))
+    node_pool = pool.spec.node_pool
+    assert node_pool is not None
+    possible = 3 * GPUS_PER_NODE
+    wait_for(
+        "possible capacity in the pool",
+        lambda: pool_status(k8s_api, pool.name).get("gpusPossible") == possible,
+        60,
+    )
+    jobs = ("first", "second")
+    for job in jobs:
+        # At most eight A100s each ($3.67 per GPU-hour in the catalog).
+        body = job_body(namespace, job, [pool.name], objective={"maxUsdPerHour": 31})
+        client.CustomObjectsApi(k8s_api).create_namespaced_custom_object(
+            GROUP, VERSION, namespace, "trainingjobs", body
+        )
+    explain = explainer(k8s_api, karpenter, namespace, jobs, node_pool)
+    problems: list[str] = []
+
+    def both_settled() -> dict[str, str] | None:
+        problems.extend(booked_twice(k8s_api, namespace, jobs, possible))
+        states = {job: settled(k8s_api, namespace, job) for job in jobs}
+        done = {job: state for job, state in states.items() if state is not None}
+        return done if len(done) == len(jobs) else None
+
+    states = wait_for(
+        "both jobs Running, or one Running and one waiting with a reason",
+        both_settled,
+        120,
+        lambda: "\n".join([*problems, explain()]),
+    )
+    assert not problems, problems
+    assert "Running" in states.values(), states
+    for state in states.values():
+        assert state in ("Running", "Unschedulable: NoCapacity"), states
+    workers = live_workers(k8s_api, namespace, jobs)
+    nodes = {n.metadata.name for n in nodes_of(k8s_api, node_pool)}
+    assert {p.spec.node_name for p in workers} <= nodes
+    assert pod_gpus(workers) <= possible
+    # The jobs' workers share no GPU: per node, they take at most what it has (checked
+    # above all along), and their GPUs add up to what the jobs' plans say.
+    plans = [(get_job(k8s_api, namespace, job)["status"].get("plan") or {}) for job in jobs]
+    running = [plan for job, plan in zip(jobs, plans, strict=True) if states[job] == "Running"]
+    assert pod_gpus(workers) == sum(plan["gpus"] for plan in running)
 
 
 BACKOFF_S = 8  # the operator's scale-up backoff here: seconds, not GKE's minutes
