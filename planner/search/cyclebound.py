@@ -74,8 +74,8 @@ class CycleInputs:
     kind_cost: FloatArray
     slot_weight: FloatArray
     capacity: FloatArray
-    # per in-flight count: the kinds' times stacked, and their last fitting end per start
-    _times: dict[int, FloatArray] = field(default_factory=dict, repr=False)
+    # per in-flight count: the kinds' last fitting end per start (small: kept for every DP;
+    # the times themselves are a matrix per kind and count, rebuilt per DP instead)
     _fit_ends: dict[int, IntArray] = field(default_factory=dict, repr=False)
 
     @property
@@ -84,11 +84,7 @@ class CycleInputs:
 
     def times(self, in_flight: int) -> FloatArray:
         """[k, a, b]: compute_at(in_flight) of every kind, as one array."""
-        cached = self._times.get(in_flight)
-        if cached is None:
-            cached = np.stack([np.asarray(m, dtype=np.float64) for m in self.compute_at(in_flight)])
-            self._times[in_flight] = cached
-        return cached
+        return np.stack([np.asarray(m, dtype=np.float64) for m in self.compute_at(in_flight)])
 
     def fit_ends(self, in_flight: int) -> IntArray:
         """[k, a]: the last end b whose range [a, b) fits (a when none does)."""
