@@ -3,7 +3,9 @@
 Profiles measured by `sailplan-profile` (or imported from a Sailor artifact) are stored as
 JSON documents (sailplan.planner.profiles.types) in ConfigMaps labelled
 `sailplan.dev/profile` in the operator's namespace; every data key ending in `.json` holds
-one ComputeProfile, one NetworkProfile or a ProfileSet. This module parses them (pure).
+one ComputeProfile, one NetworkProfile, one PowerProfile (a GPU type's measured power
+against SM clock, which the energy model then uses instead of the datasheet) or a
+ProfileSet. This module parses them (pure).
 The operator keeps the store in a Kopf index (sailplan.operator.controller.registration):
 each ConfigMap is parsed once per change (`ProfileStore.parsed`, keyed by resourceVersion,
 so the watch's periodic re-list does not parse them again) and a reconcile pass takes the
@@ -20,7 +22,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sailplan.planner.profiles.types import ComputeProfile, NetworkProfile, ProfileSet
+from sailplan.planner.profiles.types import (
+    ComputeProfile,
+    NetworkProfile,
+    PowerProfile,
+    ProfileSet,
+)
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,7 @@ class ParsedConfigMap:
     compute: tuple[ComputeProfile, ...]
     network: tuple[NetworkProfile, ...]
     problems: tuple[str, ...]
+    power: tuple[PowerProfile, ...] = ()
 
 
 def parse_profile_configmap(configmap: Mapping[str, Any]) -> ParsedConfigMap:
@@ -39,6 +47,7 @@ def parse_profile_configmap(configmap: Mapping[str, Any]) -> ParsedConfigMap:
     name = str(metadata.get("name", "?"))
     compute: list[ComputeProfile] = []
     network: list[NetworkProfile] = []
+    power: list[PowerProfile] = []
     problems: list[str] = []
     for key, text in sorted((configmap.get("data") or {}).items()):
         if not key.endswith(".json"):
@@ -50,19 +59,31 @@ def parse_profile_configmap(configmap: Mapping[str, Any]) -> ParsedConfigMap:
                 compute.append(ComputeProfile.model_validate(document))
             elif kind == "NetworkProfile":
                 network.append(NetworkProfile.model_validate(document))
+            elif kind == "PowerProfile":
+                power.append(PowerProfile.model_validate(document))
             else:
                 found = ProfileSet.model_validate(document)
                 compute.extend(found.compute)
                 network.extend(found.network)
-        except (ValueError, ValidationError) as error:
-            first = str(error).splitlines()[0]
-            problems.append(f"ConfigMap {name} key {key}: {first}")
+                power.extend(found.power)
+        except ValidationError as error:
+            # the first problem itself, not pydantic's "1 validation error for ..." header
+            first = error.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            problems.append(
+                f"ConfigMap {name} key {key}: invalid {error.title}"
+                f"{f' at {where}' if where else ''}: {first['msg']}"
+            )
+        except ValueError as error:
+            first_line = str(error).splitlines()[0]
+            problems.append(f"ConfigMap {name} key {key}: {first_line}")
     return ParsedConfigMap(
         name=name,
         resource_version=str(metadata.get("resourceVersion", "")),
         compute=tuple(compute),
         network=tuple(network),
         problems=tuple(problems),
+        power=tuple(power),
     )
 
 
@@ -72,6 +93,7 @@ def combine(parsed: Iterable[ParsedConfigMap]) -> ProfileSet:
     return ProfileSet(
         compute=tuple(c for p in ordered for c in p.compute),
         network=tuple(n for p in ordered for n in p.network),
+        power=tuple(w for p in ordered for w in p.power),
     )
 
 

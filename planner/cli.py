@@ -19,6 +19,8 @@ GPU energy per iteration at no-slowdown clocks among plans above the floor.
 `--max-slowdown F` (a fraction, 0 to 1; implies --energy) moves both to another point of the
 time-energy frontier, as a TrainingJob's spec.energy.maxSlowdown does: the least energy with
 the iteration at most (1 + F) x its default-clock time and above the throughput floor.
+A PowerProfile in `--profiles` (a GPU type's measured power against SM clock) replaces the
+datasheet power model of its GPU type in all of these.
 """
 
 from __future__ import annotations
@@ -203,7 +205,7 @@ def plan_command(
     except ValidationError as error:
         first = error.errors()[0]
         _fail(f"{'.'.join(str(p) for p in first['loc']) or 'request'}: {first['msg']}")
-    problem = energy_input_problem(request, catalog)
+    problem = energy_input_problem(request, catalog, measured)
     if problem is not None:
         _fail(problem)
     result = make_plan(request, measured, catalog)

@@ -4,9 +4,9 @@ Users who measured profiles elsewhere (a Sailor artifact, an earlier `sailplan-p
 load them into the store so no TrainingJob profiles them again. The profiles are grouped by
 the same keys the profiling Jobs use (compute/<model>/<gpu>, network/<link>/<gpu>/<peer>
 [/n<G>], network/<link>/<zone>/<gpu>/<zone>/<gpu>/n<G> for a zone pair, both directions
-in one) and written with results.keyed_configmap, so an import and a profiling Job of the
-same key replace one another instead of piling up; every group stays far below the 1 MiB
-ConfigMap limit. Only measured profiles are imported: the store is where measured profiles
+in one; power/<gpu> for a PowerProfile, which no Job measures) and written with
+results.keyed_configmap, so an import and a profiling Job of the same key replace one
+another instead of piling up; every group stays far below the 1 MiB ConfigMap limit. Only measured profiles are imported: the store is where measured profiles
 live, and estimates are computed by the planner on demand. Called by the CLI command in
 operator/cli/operator_commands.py, which does the I/O.
 """
@@ -21,6 +21,7 @@ from sailplan.operator.profiling.results import keyed_configmap
 from sailplan.planner.profiles.types import (
     ComputeProfile,
     NetworkProfile,
+    PowerProfile,
     ProfileSet,
     zone_pair_key,
 )
@@ -33,10 +34,12 @@ class ImportBatch:
     skipped_estimated: int
 
 
-def store_key(profile: ComputeProfile | NetworkProfile) -> str:
+def store_key(profile: ComputeProfile | NetworkProfile | PowerProfile) -> str:
     """The profile-store key of a profile (the key of the Need that would measure it)."""
     if isinstance(profile, ComputeProfile):
         return f"compute/{profile.model}/{profile.gpu_type}"
+    if isinstance(profile, PowerProfile):
+        return profile.key
     if profile.zone_pair:  # both directions of a zone pair in one entry, as its Job stores them
         return zone_pair_key(
             profile.link,
@@ -60,17 +63,34 @@ def import_configmaps(profiles: ProfileSet, namespace: str, source: str) -> Impo
     for found_network in profiles.network:
         if found_network.provenance.source == "measured":
             network[store_key(found_network)].append(found_network)
-    configmaps = [
-        keyed_configmap(
-            ProfileSet(compute=tuple(found)), "compute", key, namespace, f"import:{source}"
-        )
-        for key, found in sorted(compute.items())
-    ] + [
-        keyed_configmap(
-            ProfileSet(network=tuple(found)), "network", key, namespace, f"import:{source}"
-        )
-        for key, found in sorted(network.items())
-    ]
-    imported = sum(len(v) for v in compute.values()) + sum(len(v) for v in network.values())
-    total = len(profiles.compute) + len(profiles.network)
+    power: dict[str, list[PowerProfile]] = defaultdict(list)
+    for found_power in profiles.power:
+        if found_power.provenance.source == "measured":
+            power[store_key(found_power)].append(found_power)
+    configmaps = (
+        [
+            keyed_configmap(
+                ProfileSet(compute=tuple(found)), "compute", key, namespace, f"import:{source}"
+            )
+            for key, found in sorted(compute.items())
+        ]
+        + [
+            keyed_configmap(
+                ProfileSet(network=tuple(found)), "network", key, namespace, f"import:{source}"
+            )
+            for key, found in sorted(network.items())
+        ]
+        + [
+            keyed_configmap(
+                ProfileSet(power=tuple(found)), "power", key, namespace, f"import:{source}"
+            )
+            for key, found in sorted(power.items())
+        ]
+    )
+    imported = (
+        sum(len(v) for v in compute.values())
+        + sum(len(v) for v in network.values())
+        + sum(len(v) for v in power.values())
+    )
+    total = len(profiles.compute) + len(profiles.network) + len(profiles.power)
     return ImportBatch(tuple(configmaps), imported, total - imported)

@@ -28,7 +28,7 @@ SOURCE_ANNOTATION: Final = f"{GROUP}/measured-by"
 KEY_ANNOTATION: Final = f"{GROUP}/profile-key"
 DATA_KEY: Final = "profiles.json"
 
-ProfileKind = Literal["compute", "network"]
+ProfileKind = Literal["compute", "network", "power"]
 
 _BLOCK = re.compile(re.escape(BEGIN) + r"\n(.*?)\n" + re.escape(END), re.DOTALL)
 

@@ -33,11 +33,10 @@ from sailplan.planner.energy.power import (
     EnergyError,
     EnergyModel,
     PowerCurve,
-    PowerPoint,
-    PowerProfile,
     clock_scaled_share,
     modelled_watts,
 )
+from sailplan.planner.profiles.types import PowerPoint, PowerProfile
 
 __all__ = [
     "JOULES_PER_KWH",

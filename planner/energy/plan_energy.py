@@ -53,8 +53,9 @@ from sailplan.planner.energy.frequency import (
     solve,
     solve_single,
 )
-from sailplan.planner.energy.power import EnergyModel, PowerProfile, clock_scaled_share
+from sailplan.planner.energy.power import EnergyModel, clock_scaled_share
 from sailplan.planner.plan import EnergyPrediction, Plan, Predictions, StageClocks
+from sailplan.planner.profiles.types import PowerProfile
 from sailplan.planner.simulator import PlanningContext, simulate
 
 JOULES_PER_KWH = 3.6e6
@@ -331,7 +332,7 @@ def plan_energy(
     plan: Plan,
     context: PlanningContext,
     *,
-    profiles: Sequence[PowerProfile] = (),
+    profiles: Sequence[PowerProfile] | None = None,
     predictions: Predictions | None = None,
     frontier_points: int = 0,
     max_slowdown: float = 0.0,
@@ -340,11 +341,15 @@ def plan_energy(
 ) -> EnergyReport:
     """Energy per iteration of `plan` at default clocks, at no slowdown and at the allowed
     slowdown (module docstring), the time-energy frontier when frontier_points > 0, and
-    with per_pass the two-clock no-slowdown point (EnergyReport.per_pass). Raises EnergyError for a GPU type without power data, MissingProfileError like
-    simulate(), ValueError for a negative max_slowdown."""
+    with per_pass the two-clock no-slowdown point (EnergyReport.per_pass). Power curves:
+    `profiles` where given, else the context's measured ones (ProfileSet.power), else the
+    catalog's datasheet model. Raises EnergyError for a GPU type without power data,
+    MissingProfileError like simulate(), ValueError for a negative max_slowdown."""
     if max_slowdown < 0:
         raise ValueError(f"max_slowdown {max_slowdown} is below zero")
-    model = EnergyModel(context.catalog, profiles)
+    model = EnergyModel(
+        context.catalog, context.profiles.power_profiles() if profiles is None else profiles
+    )
     predictions = predictions or simulate(plan, context)
     energy = _PlanEnergy(plan, context, model, predictions)
     no_slowdown = energy.at(energy.deadline)
@@ -364,7 +369,7 @@ def plan_energy(
 
 
 def with_energy(
-    plan: Plan, context: PlanningContext, *, profiles: Sequence[PowerProfile] = ()
+    plan: Plan, context: PlanningContext, *, profiles: Sequence[PowerProfile] | None = None
 ) -> Plan:
     """`plan` with its predictions simulated in `context`, energy fields included."""
     return plan.model_copy(
@@ -376,7 +381,7 @@ def simulate_energy(
     plan: Plan,
     context: PlanningContext,
     *,
-    profiles: Sequence[PowerProfile] = (),
+    profiles: Sequence[PowerProfile] | None = None,
     max_slowdown: float = 0.0,
     max_iteration_seconds: float | None = None,
 ) -> Predictions:

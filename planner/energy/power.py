@@ -20,25 +20,24 @@ The model (docs/architecture/planner.md#energy-model lists every constant with i
 - While a GPU waits (pipeline bubbles, blocked in NCCL, the gradient all-reduce) it draws
   the blocking power (catalog blocking_watts, default idle_watts): Perseus' P_blocking.
 
-Measured curves override the model: a PowerProfile gives, per SM clock, the measured power
-under load and (optionally) the measured time relative to the maximum clock.
+Measured curves override the model: a PowerProfile (a profile document like the compute and
+network ones, planner/profiles/types.py, read from a profile directory or the operator's
+profile store and carried in ProfileSet.power) gives, per SM clock, the measured power under
+load and (optionally) the measured time relative to the maximum clock.
 
 Pure: no I/O; the catalog and profiles are passed in.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
 from sailplan.planner.catalog import Catalog, CatalogError, GPUSpec
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.profiles.memory import layer_activation_bytes
-from sailplan.planner.profiles.types import PROFILE_API_VERSION, Provenance
+from sailplan.planner.profiles.types import PowerProfile
 
 # Share of the above-idle load power that follows the SM clock (cubic): fitted to the two
 # ends of the Perseus example profile (Zeus docs, docs/perseus/index.md) -- 304 W at
@@ -64,48 +63,6 @@ class EnergyError(LookupError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
-
-
-class PowerPoint(BaseModel):
-    """One measured SM clock: the GPU's power under a training load, and how long the same
-    work took relative to the maximum clock (None = use the roofline time model)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    sm_mhz: int = Field(gt=0)
-    watts: float = Field(gt=0)
-    time_factor: float | None = Field(default=None, ge=1.0, description="t(f) / t(f_max)")
-
-
-class PowerProfile(BaseModel):
-    """Measured power against SM clock of one GPU type (overrides the catalog's model)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    api_version: Literal["sailplan.dev/v1alpha1"] = PROFILE_API_VERSION
-    kind: Literal["PowerProfile"] = "PowerProfile"
-    gpu_type: str
-    points: tuple[PowerPoint, ...] = Field(min_length=1)
-    idle_watts: float = Field(ge=0)
-    blocking_watts: float | None = Field(default=None, ge=0, description="None = idle_watts")
-    provenance: Provenance
-
-    @model_validator(mode="after")
-    def _consistent(self) -> PowerProfile:
-        clocks = [p.sm_mhz for p in self.points]
-        if len(set(clocks)) != len(clocks):
-            raise ValueError("PowerProfile points need distinct sm_mhz")
-        timed = [p.time_factor is not None for p in self.points]
-        if any(timed) and not all(timed):
-            raise ValueError("give time_factor for every point or for none")
-        ordered = sorted(self.points, key=lambda p: -p.sm_mhz)
-        if all(timed):
-            if ordered[0].time_factor != 1.0:
-                raise ValueError("time_factor at the highest sm_mhz must be 1.0")
-            factors = [p.time_factor or 1.0 for p in ordered]
-            if any(b < a for a, b in itertools.pairwise(factors)):
-                raise ValueError("time_factor must not fall as the clock is lowered")
-        return self
 
 
 @dataclass(frozen=True)

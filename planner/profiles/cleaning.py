@@ -69,4 +69,6 @@ def monotone_in_micro_batch(profiles: ProfileSet) -> ProfileSet:
                     }
                 )
             )
-    return ProfileSet(compute=tuple(untouched + repaired), network=profiles.network)
+    return ProfileSet(
+        compute=tuple(untouched + repaired), network=profiles.network, power=profiles.power
+    )

@@ -1,10 +1,11 @@
 """Reading and writing profiles as files: the edge between profile data and the pure planner.
 
-A profile directory holds one JSON or YAML document per profile (ComputeProfile or
-NetworkProfile, told apart by `kind`), or documents with a list of them, or a whole
-ProfileSet (`{"compute": [...], "network": [...]}`), in any sub-folder layout.
-write_profile() lays them out by key (compute/<model>/<gpu>/tp<T>/mbs<M>.json,
-network/<link>/<gpu>/<peer>[-n<G>].json) so a directory is easy to browse and diff.
+A profile directory holds one JSON or YAML document per profile (ComputeProfile,
+NetworkProfile or PowerProfile, told apart by `kind`), or documents with a list of them, or
+a whole ProfileSet (`{"compute": [...], "network": [...], "power": [...]}`), in any
+sub-folder layout. write_profile() lays them out by key (compute/<model>/<gpu>/tp<T>/
+mbs<M>.json, network/<link>/<gpu>/<peer>[-n<G>].json, power/<gpu>.json) so a directory is
+easy to browse and diff.
 A directory that is a Sailor artifact (profiles/<MODEL>/<GPU>/profile.json) is imported
 through profiles.sailor instead.
 
@@ -22,7 +23,14 @@ from pydantic import ValidationError
 
 from sailplan.planner.catalog import Catalog, default_catalog
 from sailplan.planner.profiles.sailor import SailorFormatError, import_artifact, is_sailor_artifact
-from sailplan.planner.profiles.types import ComputeProfile, NetworkProfile, ProfileSet
+from sailplan.planner.profiles.types import (
+    ComputeProfile,
+    NetworkProfile,
+    PowerProfile,
+    ProfileSet,
+)
+
+Profile = ComputeProfile | NetworkProfile | PowerProfile
 
 SUFFIXES = (".json", ".yaml", ".yml")
 
@@ -31,16 +39,22 @@ class ProfileStoreError(ValueError):
     """A profile file or directory that cannot be read; the message names the file."""
 
 
-def _parse_documents(data: Any, source: str) -> tuple[list[ComputeProfile], list[NetworkProfile]]:
-    compute: list[ComputeProfile] = []
-    network: list[NetworkProfile] = []
+def _parse_documents(data: Any, source: str) -> ProfileSet:
     items: list[Any]
-    if isinstance(data, dict) and "kind" not in data and ("compute" in data or "network" in data):
-        items = list(data.get("compute") or []) + list(data.get("network") or [])
+    if (
+        isinstance(data, dict)
+        and "kind" not in data
+        and ("compute" in data or "network" in data or "power" in data)
+    ):
+        items = [*(data.get("compute") or []), *(data.get("network") or [])]
+        items += list(data.get("power") or [])
     elif isinstance(data, list):
         items = data
     else:
         items = [data]
+    compute: list[ComputeProfile] = []
+    network: list[NetworkProfile] = []
+    power: list[PowerProfile] = []
     for item in items:
         if not isinstance(item, dict):
             raise ProfileStoreError(
@@ -52,17 +66,19 @@ def _parse_documents(data: Any, source: str) -> tuple[list[ComputeProfile], list
                 compute.append(ComputeProfile.model_validate(item))
             elif kind == "NetworkProfile":
                 network.append(NetworkProfile.model_validate(item))
+            elif kind == "PowerProfile":
+                power.append(PowerProfile.model_validate(item))
             else:
                 raise ProfileStoreError(
-                    f"{source}: unknown profile kind {kind!r} (ComputeProfile or NetworkProfile)"
+                    f"{source}: unknown profile kind {kind!r} (ComputeProfile, NetworkProfile "
+                    "or PowerProfile)"
                 )
         except ValidationError as error:
             first = error.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
-            raise ProfileStoreError(
-                f"{source}: invalid {kind} at {where}: {first['msg']}"
-            ) from error
-    return compute, network
+            at = f" at {where}" if where else ""
+            raise ProfileStoreError(f"{source}: invalid {kind}{at}: {first['msg']}") from error
+    return ProfileSet(compute=tuple(compute), network=tuple(network), power=tuple(power))
 
 
 def loads(text: str, source: str = "<text>") -> ProfileSet:
@@ -73,8 +89,7 @@ def loads(text: str, source: str = "<text>") -> ProfileSet:
         raise ProfileStoreError(f"{source}: not JSON or YAML: {error}") from error
     if data is None:
         return ProfileSet()
-    compute, network = _parse_documents(data, source)
-    return ProfileSet(compute=tuple(compute), network=tuple(network))
+    return _parse_documents(data, source)
 
 
 def dumps(profiles: ProfileSet) -> str:
@@ -95,6 +110,7 @@ def load_profile_dir(path: Path, catalog: Catalog | None = None) -> ProfileSet:
             raise ProfileStoreError(str(error)) from error
     compute: list[ComputeProfile] = []
     network: list[NetworkProfile] = []
+    power: list[PowerProfile] = []
     for file in sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in SUFFIXES):
         try:
             text = file.read_text()
@@ -103,10 +119,11 @@ def load_profile_dir(path: Path, catalog: Catalog | None = None) -> ProfileSet:
         part = loads(text, str(file))
         compute.extend(part.compute)
         network.extend(part.network)
-    return ProfileSet(compute=tuple(compute), network=tuple(network))
+        power.extend(part.power)
+    return ProfileSet(compute=tuple(compute), network=tuple(network), power=tuple(power))
 
 
-def profile_path(directory: Path, profile: ComputeProfile | NetworkProfile) -> Path:
+def profile_path(directory: Path, profile: Profile) -> Path:
     """Where write_profile puts a profile: its key as a path."""
     parts = profile.key.split("/")
     name = parts[-1]
@@ -117,7 +134,7 @@ def profile_path(directory: Path, profile: ComputeProfile | NetworkProfile) -> P
     return directory.joinpath(*parts[:-1], f"{name}.json")
 
 
-def write_profile(directory: Path, profile: ComputeProfile | NetworkProfile) -> Path:
+def write_profile(directory: Path, profile: Profile) -> Path:
     """Write one profile as JSON under `directory` (replacing a profile with the same key)."""
     target = profile_path(directory, profile)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -128,4 +145,5 @@ def write_profile(directory: Path, profile: ComputeProfile | NetworkProfile) -> 
 def write_profiles(directory: Path, profiles: ProfileSet) -> list[Path]:
     written = [write_profile(directory, p) for p in profiles.compute]
     written += [write_profile(directory, p) for p in profiles.network]
+    written += [write_profile(directory, p) for p in profiles.power]
     return written

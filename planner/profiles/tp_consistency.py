@@ -125,4 +125,5 @@ def consistent_in_tensor_parallel(profiles: ProfileSet) -> ProfileSet:
     return ProfileSet(
         compute=tuple(replaced.get(id(p), p) for p in profiles.compute),
         network=profiles.network,
+        power=profiles.power,
     )

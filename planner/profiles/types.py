@@ -1,5 +1,7 @@
 """The project's profile format: what a model costs on a GPU type, what a link carries.
 
+Three kinds: ComputeProfile (a model on a GPU type), NetworkProfile (a link class) and
+PowerProfile (a GPU type's power against SM clock, for the energy model, planner/energy).
 Profiles are data, versioned and typed, and every one says where it came from: `measured`
 (by `sailplan-profile`, or imported from a Sailor artifact, with tool, GPU, driver and date)
 or `estimated` (the analytic roofline). The simulator consumes them; the profilers in the
@@ -9,6 +11,7 @@ converts into them. Measured beats estimated wherever both exist (see ProfileSet
 
 from __future__ import annotations
 
+import itertools
 import math
 from functools import cached_property
 from typing import Final, Literal
@@ -239,6 +242,66 @@ def zone_pair_key(  # noqa: PLR0917 (a link's coordinates)
     return f"network/{link}/{z1}/{g1}/{z2}/{g2}/n{gpus}"
 
 
+class PowerPoint(BaseModel):
+    """One SM clock of a PowerProfile: the GPU's power under a training load at that clock,
+    and how long the same work took relative to the maximum clock (None = use the energy
+    model's roofline time model, planner/energy/power.py)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    sm_mhz: int = Field(gt=0)
+    watts: float = Field(gt=0)
+    time_factor: float | None = Field(default=None, ge=1.0, description="t(f) / t(f_max)")
+
+
+class PowerProfile(BaseModel):
+    """Power against SM clock of one GPU type: overrides the catalog's datasheet model in
+    the energy model (planner/energy/power.py EnergyModel) wherever a ProfileSet carries it.
+
+    `points` are the clock levels the frequency planner may choose (the highest is the
+    default clock a job runs at without clock locking); `idle_watts` and `blocking_watts`
+    (a GPU waiting in NCCL or a pipeline bubble; default idle_watts) what it draws while not
+    computing. Every point draws at least the blocking power."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    api_version: Literal["sailplan.dev/v1alpha1"] = PROFILE_API_VERSION
+    kind: Literal["PowerProfile"] = "PowerProfile"
+    gpu_type: str = Field(min_length=1)
+    points: tuple[PowerPoint, ...] = Field(min_length=1)
+    idle_watts: float = Field(ge=0)
+    blocking_watts: float | None = Field(default=None, ge=0, description="None = idle_watts")
+    provenance: Provenance
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PowerProfile:
+        clocks = [p.sm_mhz for p in self.points]
+        if len(set(clocks)) != len(clocks):
+            raise ValueError("PowerProfile points need distinct sm_mhz")
+        blocking = self.idle_watts if self.blocking_watts is None else self.blocking_watts
+        low = min(self.points, key=lambda p: p.watts)
+        if low.watts < blocking:
+            raise ValueError(
+                f"the point at {low.sm_mhz} MHz draws {low.watts:g} W, below the blocking "
+                f"power {blocking:g} W (a GPU computing draws at least what it draws waiting)"
+            )
+        timed = [p.time_factor is not None for p in self.points]
+        if any(timed) and not all(timed):
+            raise ValueError("give time_factor for every point or for none")
+        ordered = sorted(self.points, key=lambda p: -p.sm_mhz)
+        if all(timed):
+            if ordered[0].time_factor != 1.0:
+                raise ValueError("time_factor at the highest sm_mhz must be 1.0")
+            factors = [p.time_factor or 1.0 for p in ordered]
+            if any(b < a for a, b in itertools.pairwise(factors)):
+                raise ValueError("time_factor must not fall as the clock is lowered")
+        return self
+
+    @property
+    def key(self) -> str:
+        return f"power/{self.gpu_type}"
+
+
 class ProfileSet(BaseModel):
     """All profiles the planner may use, with the lookups the simulator needs.
 
@@ -249,6 +312,17 @@ class ProfileSet(BaseModel):
 
     compute: tuple[ComputeProfile, ...] = ()
     network: tuple[NetworkProfile, ...] = ()
+    power: tuple[PowerProfile, ...] = ()
+
+    def power_profiles(self) -> tuple[PowerProfile, ...]:
+        """One PowerProfile per GPU type (as named in the documents): measured beats
+        estimated, and among equals the later one wins (a later store entry)."""
+        chosen: dict[str, PowerProfile] = {}
+        for profile in self.power:
+            current = chosen.get(profile.gpu_type)
+            if current is None or _rank(profile.provenance) >= _rank(current.provenance):
+                chosen[profile.gpu_type] = profile
+        return tuple(chosen[g] for g in sorted(chosen))
 
     @cached_property
     def _compute_index(self) -> dict[tuple[str, str, int, int], ComputeProfile]:
@@ -365,7 +439,9 @@ class ProfileSet(BaseModel):
 
     def merged(self, other: ProfileSet) -> ProfileSet:
         return ProfileSet(
-            compute=self.compute + other.compute, network=self.network + other.network
+            compute=self.compute + other.compute,
+            network=self.network + other.network,
+            power=self.power + other.power,
         )
 
 

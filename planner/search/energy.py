@@ -50,6 +50,7 @@ from sailplan.planner.cluster import Pool
 from sailplan.planner.energy import EnergyError, EnergyModel, plan_energy
 from sailplan.planner.energy.power import roofline_parts
 from sailplan.planner.plan import Plan, Predictions
+from sailplan.planner.profiles.types import ProfileSet
 from sailplan.planner.search.capacity import TypeServers
 from sailplan.planner.simulator import PlanningContext
 from sailplan.planner.simulator.costs import CostModel
@@ -57,12 +58,20 @@ from sailplan.planner.simulator.costs import CostModel
 FloatArray = npt.NDArray[np.float64]
 
 
-def input_problem(request: PlanRequest, catalog: Catalog) -> str | None:
-    """One line when the request needs power data a GPU type of the cluster lacks: the
-    energy objective and energy predictions need it for every type, an energy price for
-    its pools' types."""
-    model = EnergyModel(catalog)
+def input_problem(
+    request: PlanRequest, catalog: Catalog, profiles: ProfileSet | None = None
+) -> str | None:
+    """One line when the request needs power data a GPU type of the cluster lacks (or a
+    PowerProfile names a GPU type the catalog does not know): the energy objective and
+    energy predictions need it for every type, an energy price for its pools' types.
+    Power data: the profiles' PowerProfiles, else the catalog's power fields."""
     every = request.objective.kind == "energy" or request.energy_predictions
+    if not every and not any(p.usd_per_kwh is not None for p in request.cluster.pools):
+        return None
+    try:
+        model = EnergyModel(catalog, profiles.power_profiles() if profiles is not None else ())
+    except EnergyError as error:
+        return str(error)
     for pool in sorted(request.cluster.pools, key=lambda p: p.name):
         if not (every or pool.usd_per_kwh is not None) or not pool.gpus:
             continue
@@ -102,7 +111,8 @@ class EnergyBound:
     ) -> None:
         self.context = context
         self.global_batch = global_batch
-        self.model = EnergyModel(context.catalog)
+        # measured power curves (ProfileSet.power) where the profiles carry them
+        self.model = EnergyModel(context.catalog, context.profiles.power_profiles())
         self.max_slowdown = max_slowdown
         self.max_iteration_seconds = max_iteration_seconds
         self.pool_watts = [self.model.curve(p.gpu_type).blocking_watts for p in pools]

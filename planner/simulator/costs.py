@@ -57,6 +57,7 @@ from sailplan.planner.simulator.ties import (
 )
 
 if TYPE_CHECKING:
+    from sailplan.planner.energy.power import EnergyModel
     from sailplan.planner.simulator.context import PlanningContext
 
 FloatArray = npt.NDArray[np.float64]
@@ -280,6 +281,8 @@ class CostModel:
         self._p2p: dict[tuple[str, str, str, str, str, str, int, bool, float, int], float] = {}
         self._shape_profiles: dict[tuple[LinkClass, str, int, Measure], NetworkProfile | None] = {}
         self._zone_links: dict[tuple[str, str, str, str, int], ZoneLink] = {}
+        self._watts: dict[str, tuple[float, float]] = {}
+        self._energy_model: EnergyModel | None = None
 
     # -- compute -------------------------------------------------------------------------
 
@@ -1108,15 +1111,26 @@ class CostModel:
         return 0.0 if usd_per_kwh is None else usd_per_kwh / JOULES_PER_KWH
 
     def gpu_watts(self, gpu_type: str) -> tuple[float, float]:
-        """(power computing at the default clock, power while blocked) from the catalog's
-        power fields (planner/energy's model at the maximum clock: TDP, blocking power)."""
-        power = self.context.catalog.gpu(gpu_type).power
-        if power is None:
-            raise MissingProfileError(
-                f"no power data for GPU type {gpu_type!r} to price its energy; give its "
-                "catalog power fields, or leave its pools' energy price unset"
-            )
-        return power.tdp_watts, power.block_watts
+        """(power computing at the default clock, power while blocked): planner/energy's
+        model at the maximum clock, from the GPU type's PowerProfile where the profiles
+        carry one (ProfileSet.power), else the catalog's power fields (TDP, blocking)."""
+        watts = self._watts.get(gpu_type)
+        if watts is None:
+            from sailplan.planner.energy.power import EnergyError, EnergyModel
+
+            try:
+                if self._energy_model is None:
+                    self._energy_model = EnergyModel(
+                        self.context.catalog, self.context.profiles.power_profiles()
+                    )
+                curve = self._energy_model.curve(gpu_type)
+            except EnergyError as error:
+                raise MissingProfileError(
+                    f"cannot price the energy of GPU type {gpu_type!r}: {error}; or leave its "
+                    "pools' energy price unset"
+                ) from None
+            watts = self._watts[gpu_type] = (curve.load_watts[0], curve.blocking_watts)
+        return watts
 
     def egress_usd_per_gb(self, zone_a: str, zone_b: str) -> float:
         key = (zone_a, zone_b)

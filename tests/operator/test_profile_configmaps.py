@@ -1,12 +1,19 @@
-"""The profile store: profile documents in labelled ConfigMaps, bad ones reported not fatal."""
+"""The profile store: profile documents in labelled ConfigMaps (compute, network and power),
+bad ones reported not fatal."""
 
 from __future__ import annotations
 
+import json
+
 from sailplan.operator.profilestore import ProfileStore, parse_profile_configmaps
+from sailplan.operator.profiling import results
+from sailplan.operator.profiling.importing import import_configmaps
 from sailplan.planner.profiles.types import (
     BandwidthCurve,
     ComputeProfile,
     NetworkProfile,
+    PowerPoint,
+    PowerProfile,
     ProfileSet,
     Provenance,
 )
@@ -91,3 +98,29 @@ def test_the_combined_profile_set_follows_the_index_and_skips_bad_documents() ->
     newer, _ = store.parsed(_configmap("b", "3", 4))
     assert [c.tensor_parallel for c in store.profiles([bad, newer]).compute] == [4]
     assert store.profiles([bad]).compute == ()  # a deleted ConfigMap's profiles go
+
+
+def test_power_profiles_are_read_from_the_store_and_imported_into_it() -> None:
+    power = PowerProfile(
+        gpu_type="A100-40",
+        idle_watts=55.0,
+        points=(PowerPoint(sm_mhz=1410, watts=390.0), PowerPoint(sm_mhz=1200, watts=330.0)),
+        provenance=MEASURED,
+    )
+    estimated = power.model_copy(
+        update={"gpu_type": "V100-16", "provenance": Provenance(source="estimated", tool="x")}
+    )
+    # `sailplan profiles import`: one ConfigMap per GPU type's measured curve
+    batch = import_configmaps(ProfileSet(power=(power, estimated)), "store", "lab")
+    assert (batch.imported, batch.skipped_estimated) == (1, 1)
+    (configmap,) = batch.configmaps
+    assert configmap["metadata"]["annotations"][results.KEY_ANNOTATION] == "power/A100-40"
+    # the operator's store reads it back, beside a single document and a bad one
+    single = {"metadata": {"name": "b"}, "data": {"p.json": power.model_dump_json()}}
+    broken = power.model_dump(mode="json") | {"idle_watts": 500.0}
+    bad = {"metadata": {"name": "c"}, "data": {"p.json": json.dumps(broken)}}
+    profiles, problems = parse_profile_configmaps([configmap, single, bad])
+    assert profiles.power == (power, power)
+    assert profiles.power_profiles() == (power,)
+    assert len(problems) == 1 and problems[0].startswith("ConfigMap c key p.json")
+    assert "below the blocking power" in problems[0]
