@@ -3,9 +3,10 @@
 For each cluster and throughput floor, one row per objective: the plan it returns, its
 samples/s, its GPU energy per iteration at its own no-slowdown clocks, one per GPU as the
 node agent applies them (planner.energy, the same model for every row, so the rows
-compare), and the search's CPU seconds (make_plan,
-profile completion included). The energy objective needs the floor; the throughput and
-cost objectives get the same floor as a constraint.
+compare), the search's CPU seconds (make_plan, profile completion included) and the
+complete plans it scored (Planned.plans_evaluated: the stage DP's finalists, of which only
+those whose bound can still win are simulated). The energy objective needs the floor; the
+throughput and cost objectives get the same floor as a constraint.
 
     python benchmarks/energy_objective.py            # the three small clusters
     python benchmarks/energy_objective.py --large    # the 64-GPU cluster, energy only
@@ -74,7 +75,7 @@ def main() -> None:
         title="energy objective against throughput and cost (no-slowdown energy, one clock per GPU)"
     )
     columns = ("cluster", "floor/s", "objective", "plan", "samples/s", "kJ/iter", "bound kJ")
-    for column in (*columns, "CPU s"):
+    for column in (*columns, "CPU s", "plans"):
         table.add_column(column)
     kinds = ("energy",) if args.large else ("throughput", "cost", "energy")
     for label, model_name, batch, shapes, floors in LARGE if args.large else CASES:
@@ -97,7 +98,7 @@ def main() -> None:
                 seconds = time.process_time() - started
                 if not isinstance(result, Planned):
                     table.add_row(
-                        label, f"{floor:g}", kind, result.code, "", "", "", f"{seconds:.2f}"
+                        label, f"{floor:g}", kind, result.code, "", "", "", f"{seconds:.2f}", ""
                     )
                     continue
                 plan = result.best
@@ -119,6 +120,7 @@ def main() -> None:
                     if result.energy_lower_bound is None
                     else f"{result.energy_lower_bound / 1e3:.2f}",
                     f"{seconds:.2f}",
+                    f"{result.plans_evaluated:,}",
                 )
     Console(width=160).print(table)
 

@@ -632,6 +632,8 @@ class Search:
             speed = self._stage_speed_bound(dp, keys, tables, heavy)
             split = self._min_max_split(per_layer, min(max_depth, speed.max_depth()))
             micro = batch // (mbs * dp)
+            in_flight = min(self.num_layers, micro)
+            steps_kept = not any(_may_offload(kt, in_flight) for kt in tables)
             for depth in range(1, min(max_depth, speed.max_depth()) + 1):
                 # fill/drain + steady state + the slowest stage's all-reduce/update: all
                 # layers on their fastest kind, perfectly balanced, the cheapest hop per
@@ -655,7 +657,7 @@ class Search:
                     + float(shortest_tail[longest])
                 )
                 rate_lower = dp * depth * cheapest_price
-                energy = self._energy_lower(mbs, dp, depth)
+                energy = self._energy_lower(mbs, dp, depth, steps_kept)
                 if self.goal.time_limit(float("inf"), rate_lower, *energy) < time_lower:
                     continue
                 bound = self.goal.value_lower(time_lower, rate_lower, *energy)
@@ -676,12 +678,14 @@ class Search:
                     continue
             self._solve(mbs, dp, depth, keys, tables)
 
-    def _energy_lower(self, mbs: int, dp: int, depth: int) -> tuple[float, float]:
+    def _energy_lower(self, mbs: int, dp: int, depth: int, steps_kept: bool) -> tuple[float, float]:
         """(least blocking watts, least joules beyond them) of a plan of dp x depth stage
-        replicas at micro-batch mbs ((0, 0) for the other objectives; search/energy.py)."""
+        replicas at micro-batch mbs ((0, 0) for the other objectives; search/energy.py);
+        steps_kept: no stage may offload its optimizer step (_may_offload)."""
         if self.energy is None:
             return 0.0, 0.0
-        return dp * depth * self.energy.least_watts, self.energy.joules_lower(mbs, dp)
+        joules = self.energy.joules_lower(mbs, dp, updates=steps_kept)
+        return dp * depth * self.energy.least_watts, joules
 
     def _out_of_time(self) -> bool:
         if self.deadline is not None and time.monotonic() >= self.deadline:
@@ -778,6 +782,7 @@ class Search:
                         k.tensor_parallel,
                         mbs,
                         dp,
+                        _kept_steps(kt, min(self.num_layers, micro)),
                     )
                     if self.energy is not None
                     else None
@@ -937,7 +942,10 @@ class Search:
         joules = 0.0
         if energy is not None:
             slot_watts = energy.slot_watts(capacity.servers)
-            joules = energy.joules_lower(mbs, dp)
+            in_flight = min(self.num_layers, micro)
+            joules = energy.joules_lower(
+                mbs, dp, updates=not any(_may_offload(kt, in_flight) for kt in tables)
+            )
             stage_watts = dp * energy.least_watts
 
             def limit(usage: tuple[int, ...]) -> float:
@@ -1038,20 +1046,54 @@ class Search:
                     for i in range(depth)
                 ),
             )
+            placed_bound = None
+            if energy is not None:
+                # the plan's own bound (its pipelines' slack, search/energy.py): it is only
+                # worth simulating, and its exact energy only worth solving, when this can
+                # still enter the top k
+                placed_bound = energy.placed(plan)
+                if placed_bound.lower() > self.top.kth() * (1 + 1e-9):
+                    continue
             predictions = simulate(plan, self.context)
             self.stats.simulated += 1
             if not self.goal.satisfied(predictions):
                 continue
-            if energy is not None:
-                # the plan's own blocking power: its exact energy is only worth solving
-                # when this bound can still enter the top k
-                lower = predictions.iteration_seconds * energy.plan_watts(plan) + result.joules
+            if energy is not None and placed_bound is not None:
+                lower = max(
+                    predictions.iteration_seconds * energy.plan_watts(plan) + result.joules,
+                    placed_bound.lower(predictions),
+                )
                 if lower > self.top.kth() * (1 + 1e-9):
                     continue
                 predictions = energy.exact(plan, predictions)
             self.top.offer(
                 self.goal.value(predictions), plan.model_copy(update={"predictions": predictions})
             )
+
+
+def _kept_steps(kt: KindTables, in_flight: int) -> npt.NDArray[np.bool_] | None:
+    """Ranges of a kind whose optimizer step stays on the GPU at every position (None:
+    all): memory options offload a range's step only where offload is allowed and the
+    range does not fit without options, and a stage holds at most `in_flight` = min(L, M)
+    micro-batches, so a range that fits without options with that many never offloads
+    (search/energy.py counts only these steps)."""
+    options = kt.options
+    if options is None:
+        return None
+    offload = options.allowed[memopts.OFFLOAD]
+    for code in (memopts.SELECTIVE_OFFLOAD, memopts.BOTH):
+        offload = offload | options.allowed[code]
+    kept: npt.NDArray[np.bool_] = (options.choice(in_flight) == memopts.NONE) | ~offload
+    return kept
+
+
+def _may_offload(kt: KindTables, in_flight: int) -> bool:
+    """May some stage of this kind offload its optimizer step (see _kept_steps)?"""
+    kept = _kept_steps(kt, in_flight)
+    if kept is None:
+        return False
+    upper = np.triu(np.ones(kept.shape, dtype=bool), k=1)
+    return bool(np.any(upper & ~kept))
 
 
 def search(request: PlanRequest, profiles: ProfileSet, catalog: Catalog) -> PlanResult:

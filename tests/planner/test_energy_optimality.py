@@ -5,7 +5,8 @@ test_optimality.py's brute force enumerates every plan of the contract on small 
 plan that fits is given its energy by planner.energy.plan_energy, independently of the
 search, and the least energy among plans that reach the floor must be the search's (ties
 may pick another plan of the same energy). Floors are placed where they bind, from the
-brute force's own data; with and without an allowed slowdown.
+brute force's own data; with and without an allowed slowdown. The search's lower bounds
+(search/energy.py) are checked one by one against the same plans' energies.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from sailplan.planner.energy import plan_energy
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.profiles.types import ProfileSet
 from sailplan.planner.search import plan as search
-from sailplan.planner.search.energy import least_shares
+from sailplan.planner.search.energy import EnergyBound, least_shares
 from sailplan.planner.simulator import PlanningContext
 
 BATCH = 8
@@ -144,6 +145,63 @@ def test_least_energy_in_one_zone(one_zone: Case, which: int, slowdown: float) -
 @pytest.mark.parametrize("which", [0, 2])
 def test_least_energy_in_two_zones(two_zones: Case, which: int) -> None:
     _check(two_zones, which, 0.0)
+
+
+@pytest.mark.parametrize("slowdown", [0.0, 0.2])
+@pytest.mark.parametrize("which", ["one_zone", "two_zones"])
+def test_every_lower_bound_holds_for_every_plan(
+    which: str, slowdown: float, request: pytest.FixtureRequest
+) -> None:
+    """The per-plan bound (before and after simulate), the stage DP's per-stage joules and
+    the triple's per-layer joules never exceed a plan's energy: every plan of the brute
+    force, helpers and replicas in other zones included; and for a single pipeline at no
+    slowdown, where no stage may slow down, the per-plan bound is the energy itself."""
+    model, snapshot, profiles, scored, _ = request.getfixturevalue(which)
+    floor = _floors(scored)[1]
+    context = PlanningContext(model=model, cluster=snapshot, profiles=profiles)
+    pools = [p for p in snapshot.pools if p.gpus > 0]
+    bound = EnergyBound(
+        context,
+        pools,
+        BATCH,
+        max_slowdown=slowdown,
+        max_iteration_seconds=BATCH / floor,
+        tensor_parallel_degrees=lambda _: (1, 2),
+    )
+    checked = tight = 0
+    for s in scored:
+        if s.predictions.samples_per_second < floor:
+            continue
+        plan = s.plan
+        energy = plan_energy(
+            plan,
+            context,
+            predictions=s.predictions,
+            max_slowdown=slowdown,
+            max_iteration_seconds=BATCH / floor,
+        ).prediction()
+        exact = energy.joules_per_iteration * (1 + 1e-9)
+        placed = bound.placed(plan)
+        after = placed.lower(s.predictions)
+        assert placed.lower() <= exact and after <= exact, plan
+        blocking = s.predictions.iteration_seconds * bound.plan_watts(plan)
+        mbs, dp = plan.micro_batch_size, plan.data_parallel
+        stages = sum(
+            min(
+                bound.stage_joules([r.gpu_type], st.tensor_parallel, mbs, dp)[st.layer_start][
+                    st.layer_end
+                ]
+                for r in st.replicas
+            )
+            for st in plan.stages
+        )
+        assert blocking + stages <= exact, plan
+        assert blocking + bound.joules_lower(mbs, dp) <= exact, plan
+        checked += 1
+        if dp == 1 and slowdown == 0.0:
+            assert after == pytest.approx(energy.joules_per_iteration, rel=1e-9)
+            tight += 1
+    assert checked > 50 and (tight > 0 or slowdown > 0)
 
 
 def test_the_least_share_of_a_layer_is_the_least_over_the_ranges_holding_it() -> None:
