@@ -659,8 +659,9 @@ class PodSpecOverrides(KubeModel):
     affinity: Affinity | None = Field(
         default=None,
         description="merged: required node selector terms are each combined with the "
-        "plan's pool and zone pin (the pin always holds); preferred terms, pod affinity and "
-        "anti-affinity are taken as they are",
+        "plan's pool and zone pin (the pin always holds); preferred node terms are taken as "
+        "they are; pod affinity and anti-affinity terms are added to the operator's (a "
+        "node holds one job's workers, packed)",
     )
     priority_class_name: str | None = Field(
         default=None, min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN

@@ -6,6 +6,11 @@ config are mounted, the env vars, the downward-API pod info. Each pod is pinned 
 replica's GPUPool and zone by required node affinity, asks for `nvidia.com/gpu` equal to its
 tensor-parallel degree, tolerates the GPU taint, and runs non-root; spec.podTemplateOverrides
 is merged in last (reconcile.overrides). Pure: returns dicts ready for the API server.
+
+A node holds the workers of one TrainingJob at most (`worker_pod_affinity`): the planner
+counts whole free nodes per pool and zone (reconcile.snapshot), and the scheduler, which
+picks the nodes within them, would otherwise spread two jobs' one-GPU workers over nodes
+another job's tensor-parallel worker needs whole.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ CHECKPOINT_MOUNT = "/checkpoints"
 # creates (/checkpoints, its home): the pods run as it so the trainer can write there.
 RUN_AS_USER = 10001
 TMP_MOUNT = "/tmp"
+# A node's name label: the topology of "one job per node".
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 # SIGTERM gives the trainer this long to write a checkpoint before SIGKILL.
 TERMINATION_GRACE_SECONDS = 120
 
@@ -173,6 +180,46 @@ def node_affinity(pool: GPUPool, zone: str) -> dict[str, Any]:
         "requiredDuringSchedulingIgnoredDuringExecution": {
             "nodeSelectorTerms": [{"matchExpressions": expressions}]
         }
+    }
+
+
+def worker_pod_affinity(job_uid: str) -> dict[str, Any]:
+    """The workers' pod affinity, given their job's LABEL_JOB_UID value.
+
+    Required anti-affinity, per node (hostname) and over every namespace, to the workers of
+    any other TrainingJob: the scheduler also checks the existing pods' required
+    anti-affinity against a pod it places, so a node runs one job's workers whichever came
+    first. (Workers without the uid label, made by an operator before it, are not matched.)
+    Preferred affinity (the largest weight) to the job's own workers, so they fill as few
+    nodes as the plan counted: the default scoring spreads pods over nodes instead."""
+    worker = {"key": naming.LABEL_ROLE, "operator": "In", "values": [naming.ROLE_WORKER]}
+    other_jobs = {
+        "labelSelector": {
+            "matchExpressions": [
+                worker,
+                {"key": naming.LABEL_JOB_UID, "operator": "Exists"},
+                {"key": naming.LABEL_JOB_UID, "operator": "NotIn", "values": [job_uid]},
+            ]
+        },
+        "namespaceSelector": {},
+        "topologyKey": HOSTNAME_LABEL,
+    }
+    own_job = {
+        "labelSelector": {
+            "matchExpressions": [
+                worker,
+                {"key": naming.LABEL_JOB_UID, "operator": "In", "values": [job_uid]},
+            ]
+        },
+        "topologyKey": HOSTNAME_LABEL,
+    }
+    return {
+        "podAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 100, "podAffinityTerm": own_job}
+            ]
+        },
+        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [other_jobs]},
     }
 
 
@@ -324,7 +371,9 @@ def render_worker_pod(
             f"{gpupool_name!r}, which no longer exists"
         )
     name = naming.worker_pod_name(job.name, generation, attempt, worker.index)
+    job_uid = naming.job_uid_label(job.namespace, job.name, job.uid)
     labels = naming.job_labels(job.name, naming.ROLE_WORKER) | {
+        naming.LABEL_JOB_UID: job_uid,
         naming.LABEL_GENERATION: str(generation),
         naming.LABEL_ATTEMPT: str(attempt),
         naming.LABEL_WORKER: str(worker.index),
@@ -357,7 +406,7 @@ def render_worker_pod(
         "enableServiceLinks": False,
         # The trainer makes no API call: its progress is read from its metrics endpoint.
         "automountServiceAccountToken": False,
-        "affinity": {"nodeAffinity": node_affinity(pool, zone)},
+        "affinity": {"nodeAffinity": node_affinity(pool, zone)} | worker_pod_affinity(job_uid),
         "tolerations": pool_tolerations(pool),
         "securityContext": pod_security_context(),
         "containers": [

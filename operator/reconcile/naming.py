@@ -8,11 +8,15 @@ operator can rebuild its view of a job from the cluster alone.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Final
 
 from sailplan.operator.api.common import GROUP
 
 LABEL_JOB: Final = f"{GROUP}/job"
+# On worker pods: the TrainingJob's metadata.uid, which tells jobs apart across namespaces
+# (their nodes are exclusive to one job: reconcile.children.worker_pod_affinity).
+LABEL_JOB_UID: Final = f"{GROUP}/job-uid"
 LABEL_ROLE: Final = f"{GROUP}/role"
 LABEL_GENERATION: Final = f"{GROUP}/plan-generation"
 LABEL_ATTEMPT: Final = f"{GROUP}/attempt"
@@ -48,6 +52,14 @@ def worker_pod_name(job: str, generation: int, attempt: int, index: int) -> str:
 
 def job_labels(job: str, role: str) -> dict[str, str]:
     return {LABEL_JOB: job, LABEL_ROLE: role, LABEL_MANAGED_BY: MANAGED_BY}
+
+
+def job_uid_label(namespace: str, name: str, uid: str) -> str:
+    """LABEL_JOB_UID's value: the job's metadata.uid, which the API server always sets; a
+    job without one (built in a pure test) gets a label-safe hash of namespace/name."""
+    if uid:
+        return uid
+    return hashlib.sha256(f"{namespace}/{name}".encode()).hexdigest()[:40]
 
 
 def pool_key(gpupool: str, zone: str) -> str:

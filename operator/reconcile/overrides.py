@@ -5,7 +5,9 @@ plan's GPU count, the worker environment contract, non-root) and hands it here. 
 in one place: the user's labels and annotations are added (keys under sailplan.dev/ are
 refused by the CRD); tolerations, volumes, mounts, env and envFrom are appended; pod and
 container security contexts, resources and the termination grace period are merged with a
-field set by the user winning; node affinity keeps the plan's pin in every required term.
+field set by the user winning; node affinity keeps the plan's pin in every required term,
+and the user's pod affinity and anti-affinity terms are added to the operator's (a node
+holds one job's workers, packed: reconcile.children.worker_pod_affinity).
 What the plan needs always wins: a nodeSelector entry or a required node-affinity
 expression on a label the plan pins, an env variable of the worker contract, a GPU count.
 Each such entry is dropped and named in the pod's IGNORED_ANNOTATION (and by the reconcile
@@ -90,6 +92,21 @@ def _node_affinity(
     return merged
 
 
+def _pod_affinity(ours: Mapping[str, Any], user: Mapping[str, Any]) -> dict[str, Any]:
+    """Pod (anti-)affinity: the user's required and preferred terms after the operator's
+    (one job per node, its workers packed), none dropped. Terms are ANDed (required) or
+    summed (preferred), so the user's can narrow where workers go but not undo ours."""
+    merged: dict[str, Any] = {**copy.deepcopy(dict(user)), **copy.deepcopy(dict(ours))}
+    for key in (
+        "requiredDuringSchedulingIgnoredDuringExecution",
+        "preferredDuringSchedulingIgnoredDuringExecution",
+    ):
+        terms = [*(ours.get(key) or ()), *(user.get(key) or ())]
+        if terms:
+            merged[key] = copy.deepcopy(terms)
+    return merged
+
+
 def _resources(
     ours: Mapping[str, Any], user: Mapping[str, Any], ignored: list[str]
 ) -> dict[str, Any]:
@@ -136,15 +153,23 @@ def apply_overrides(pod: dict[str, Any], overrides: PodTemplateOverrides | None)
         if template.affinity is not None:
             user = copy.deepcopy(dict(template.affinity))
             node = user.pop("nodeAffinity", None)
-            spec["affinity"] = {
+            ours = spec["affinity"]
+            merged = {
                 **user,
                 "nodeAffinity": _node_affinity(
-                    spec["affinity"]["nodeAffinity"],
+                    ours["nodeAffinity"],
                     node if isinstance(node, dict) else {},
                     pinned,
                     ignored,
                 ),
             }
+            for kind in ("podAffinity", "podAntiAffinity"):
+                if kind in ours:
+                    theirs = user.get(kind)
+                    merged[kind] = _pod_affinity(
+                        ours[kind], theirs if isinstance(theirs, dict) else {}
+                    )
+            spec["affinity"] = merged
         if template.priority_class_name is not None:
             spec["priorityClassName"] = template.priority_class_name
         if template.image_pull_secrets:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -229,3 +230,72 @@ def test_pods_tolerate_exactly_the_taints_of_their_pool(
         "a100": ["nvidia.com/gpu"],
         "v100": ["nvidia.com/gpu", "cloud.google.com/gke-spot"],
     }
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a Kubernetes label selector (matchExpressions only) selects `labels`."""
+    for expression in selector["matchExpressions"]:
+        key, operator = expression["key"], expression["operator"]
+        values = expression.get("values") or []
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": labels.get(key) not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[operator]
+        if not ok:
+            return False
+    return True
+
+
+def test_a_node_holds_the_workers_of_one_job_packed(
+    make_job: Callable[..., TrainingJob], plan: Plan, pools: tuple[GPUPool, ...]
+) -> None:
+    """Required anti-affinity, over all namespaces, to every other job's workers; preferred
+    affinity to the job's own (so they fill the nodes the plan counted, not spread)."""
+    by_name = {p.name: p for p in pools}
+    ours = desired_children(make_job(), plan, 3, 0, by_name).pods
+    # Same name in another namespace: another job, told apart by its uid.
+    other = make_job().model_copy(update={"namespace": "team-b", "uid": "uid-5678"})
+    theirs = desired_children(other, plan, 1, 0, by_name).pods
+    assert {p["metadata"]["labels"]["sailplan.dev/job-uid"] for p in ours} == {"uid-1234"}
+    own_workers = [p["metadata"]["labels"] for p in ours]
+    other_workers = [p["metadata"]["labels"] for p in theirs]
+    not_workers = [
+        desired_children(make_job(), plan, 3, 0, by_name).configmap["metadata"]["labels"],
+        # A worker of an operator version before the uid label.
+        {k: v for k, v in other_workers[0].items() if k != "sailplan.dev/job-uid"},
+    ]
+    for pod in ours:
+        affinity = pod["spec"]["affinity"]
+        (repel,) = affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert repel["topologyKey"] == "kubernetes.io/hostname"
+        assert repel["namespaceSelector"] == {}  # every namespace
+        assert all(_selects(repel["labelSelector"], labels) for labels in other_workers)
+        assert not any(_selects(repel["labelSelector"], labels) for labels in own_workers)
+        assert not any(_selects(repel["labelSelector"], labels) for labels in not_workers)
+        (attract,) = affinity["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        assert attract["weight"] == 100
+        term = attract["podAffinityTerm"]
+        assert term["topologyKey"] == "kubernetes.io/hostname"
+        assert all(_selects(term["labelSelector"], labels) for labels in own_workers)
+        assert not any(_selects(term["labelSelector"], labels) for labels in other_workers)
+        assert "requiredDuringSchedulingIgnoredDuringExecution" not in affinity["podAffinity"]
+
+
+def test_a_job_without_a_uid_is_told_apart_by_namespace_and_name(
+    make_job: Callable[..., TrainingJob], plan: Plan, pools: tuple[GPUPool, ...]
+) -> None:
+    by_name = {p.name: p for p in pools}
+
+    def uid_label(namespace: str) -> str:
+        job = make_job().model_copy(update={"namespace": namespace, "uid": ""})
+        (value,) = {
+            p["metadata"]["labels"]["sailplan.dev/job-uid"]
+            for p in desired_children(job, plan, 1, 0, by_name).pods
+        }
+        return value
+
+    first = uid_label("team-a")
+    assert re.fullmatch(r"[a-z0-9]{1,63}", first)  # a valid label value
+    assert first == uid_label("team-a") != uid_label("team-b")

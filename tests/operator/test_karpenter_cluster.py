@@ -298,10 +298,9 @@ def test_two_jobs_together_never_book_the_same_gpus_and_their_nodes_go_once_they
     its workers exit 0; kwok runs no trainer, so the test writes what the kubelet would,
     phase Succeeded, as the trainer's exit after its last step.
 
-    Both plans use whole nodes on purpose. Workers are pinned to pool and zone, not to
-    nodes, so one-GPU workers may be spread by the scheduler over nodes another job's plan
-    counted as whole, and that job's four-GPU worker then finds no node (seen with a 4+8
-    split of three nodes): a gap of worker placement, not of this test.
+    Both plans use whole nodes. Plans that use part of a node are placed one job to a node
+    (reconcile.children.worker_pod_affinity), which test_exclusive_nodes_cluster.py tests
+    with the scheduler alone.
     """
     pool = karpenter_pool(gpupools, f"two-{uuid.uuid4().hex[:6]}")
     karpenter.apply_node_pools(node_pools(pool, consolidate_after_s=0))

@@ -131,7 +131,13 @@ def test_rendered_pods_carry_the_overrides(
     assert [t["matchExpressions"][: len(pin)] for t in terms] == [pin, pin]
     assert [t["matchExpressions"][len(pin) :][0]["values"] for t in terms] == [["r1"], ["r2"]]
     assert spec["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
-    assert spec["affinity"]["podAntiAffinity"] == OVERRIDES["spec"]["affinity"]["podAntiAffinity"]
+    # The user's pod anti-affinity joins the operator's (one job per node), the packing
+    # affinity to the job's own workers stays.
+    assert spec["affinity"]["podAntiAffinity"] == (
+        plain["spec"]["affinity"]["podAntiAffinity"]
+        | OVERRIDES["spec"]["affinity"]["podAntiAffinity"]
+    )
+    assert spec["affinity"]["podAffinity"] == plain["spec"]["affinity"]["podAffinity"]
     assert spec["priorityClassName"] == "training-high"
     assert spec["imagePullSecrets"] == [{"name": "registry"}]
     # Merged: the user's uid, the operator's non-root and seccomp stay.
@@ -225,6 +231,53 @@ def test_a_conflicting_node_selector_keeps_the_plans_pin_and_says_so(
     )
     (warning,) = [e for e in outcome.events if e.reason == "OverridesIgnored"]
     assert warning.type == "Warning" and "europe-west4-a" in warning.message
+
+
+def test_user_pod_affinity_terms_join_the_operators(
+    make_job: Callable[..., TrainingJob], plan: Plan, pools: tuple[GPUPool, ...]
+) -> None:
+    """The user's pod affinity and anti-affinity terms, required and preferred, are added
+    after the operator's: a node still holds one job's workers, packed, and the user's
+    rules hold as well."""
+    cache = {"labelSelector": {"matchLabels": {"app": "cache"}}, "topologyKey": ZONE}
+    noisy = {
+        "labelSelector": {"matchLabels": {"app": "noisy"}},
+        "topologyKey": "kubernetes.io/hostname",
+    }
+    overrides = {
+        "spec": {
+            "affinity": {
+                "podAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": [cache],
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {"weight": 5, "podAffinityTerm": cache}
+                    ],
+                },
+                "podAntiAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": [noisy],
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {"weight": 7, "podAffinityTerm": noisy}
+                    ],
+                },
+            }
+        }
+    }
+    plain = _pods(make_job, plan, pools, None)[0]["spec"]["affinity"]
+    affinity = _pods(make_job, plan, pools, overrides)[0]["spec"]["affinity"]
+    required = "requiredDuringSchedulingIgnoredDuringExecution"
+    preferred = "preferredDuringSchedulingIgnoredDuringExecution"
+    assert affinity["nodeAffinity"] == plain["nodeAffinity"]
+    assert affinity["podAffinity"] == {
+        required: [cache],
+        preferred: [*plain["podAffinity"][preferred], {"weight": 5, "podAffinityTerm": cache}],
+    }
+    assert affinity["podAntiAffinity"] == {
+        required: [*plain["podAntiAffinity"][required], noisy],
+        preferred: [{"weight": 7, "podAffinityTerm": noisy}],
+    }
+    # Only node affinity: the operator's pod terms stay as they are.
+    only_node = {"spec": {"affinity": {"nodeAffinity": {}}}}
+    assert _pods(make_job, plan, pools, only_node)[0]["spec"]["affinity"] == plain
 
 
 def test_the_reserved_names_are_the_operators_volumes_and_mounts(
