@@ -172,7 +172,9 @@ def grown(pools: tuple[Pool, ...]) -> tuple[Pool, ...]:
 def test_a_capacity_change_queues_a_follow_up_instead_of_killing_the_search(
     service: PlanningService, notified: Notified, catalog: Catalog
 ) -> None:
-    first = large_request(catalog, deadline=4)  # ends at its deadline with a plan
+    # ends at its deadline with a plan: 10 s, as in the deadline test below, leaves room for
+    # the process start and profile completion on a loaded 2-core machine (4 s did not)
+    first = large_request(catalog, deadline=10)
     service.plan(JOB, first, ProfileSet())
     pid = running_pid(service)
     older, newer = with_pools(first, grown(EXAMPLE_POOLS)), with_pools(first, EXAMPLE_POOLS[1:])
