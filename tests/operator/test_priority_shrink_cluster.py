@@ -70,14 +70,18 @@ def test_when_capacity_shrinks_the_higher_priority_job_replans_first(
         for node in sorted(nodes):
             local_cluster.preempt_node(node)
 
+        def high_on_spare() -> list[Any] | None:
+            # every worker of its current plan: the operator creates them one by one, and
+            # the first can run on the spare node before the others exist
+            pods = running_on(k8s_api, namespace, "b-high", pool)()
+            if not pods or {p.spec.node_name for p in pods} != {spare}:
+                return None
+            plan = (get_job(k8s_api, namespace, "b-high").get("status") or {}).get("plan") or {}
+            return pods if len(pods) == plan.get("workers") else None
+
         replaced = wait_for(
             "the high-priority job Running again on the node left",
-            lambda: (
-                pods
-                if (pods := running_on(k8s_api, namespace, "b-high", pool)())
-                and {p.spec.node_name for p in pods} == {spare}
-                else None
-            ),
+            high_on_spare,
             240,
             lambda: str(
                 (get_job(k8s_api, namespace, "b-high").get("status") or {}).get("conditions")
