@@ -258,10 +258,8 @@ def local_cluster(_cluster_backend: _Backend) -> Any:
     return _cluster_backend.local
 
 
-@pytest.fixture
-def namespace(k8s_api: Any) -> Iterator[str]:
-    from kubernetes import client
-
+def _test_namespace(k8s_api: Any) -> Iterator[str]:
+    """A fresh namespace labelled as a test's, deleted after it."""
     name = f"t-{uuid.uuid4().hex[:10]}"
     core = client.CoreV1Api(k8s_api)
     core.create_namespace({"metadata": {"name": name, "labels": {"sailplan.dev/test": "true"}}})
@@ -270,6 +268,17 @@ def namespace(k8s_api: Any) -> Iterator[str]:
     finally:
         # Not waited for: the namespace controller finishes the deletion in the background.
         core.delete_namespace(name, propagation_policy="Background")
+
+
+@pytest.fixture
+def namespace(k8s_api: Any) -> Iterator[str]:
+    yield from _test_namespace(k8s_api)
+
+
+@pytest.fixture
+def other_namespace(k8s_api: Any) -> Iterator[str]:
+    """A second namespace, for tests of what crosses namespaces."""
+    yield from _test_namespace(k8s_api)
 
 
 # -- objects of the operator's tests -------------------------------------------------------

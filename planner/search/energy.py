@@ -350,14 +350,13 @@ class EnergyBound:
             )
             watts = np.asarray(curve.load_watts, dtype=np.float64) - curve.blocking_watts
             seconds = base * factors
-            step = 0.0
-            if not offload:
-                step = tp * float(watts[0]) * costs.stage_update_seconds(table, a, b, False, dp)
+            update_seconds = costs.stage_update_seconds(table, a, b, offload, dp)
             cached = _Replica(
                 seconds=seconds,
                 joules=tp * watts * seconds,
-                update_seconds=costs.stage_update_seconds(table, a, b, offload, dp),
-                update_joules=step,
+                update_seconds=update_seconds,
+                # an offloaded step runs on the CPU: the GPU only waits
+                update_joules=0.0 if offload else tp * float(watts[0]) * update_seconds,
             )
             self._replicas[key] = cached
         return cached

@@ -14,7 +14,6 @@ not shared between jobs."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -58,17 +57,6 @@ def _plan(catalog: Catalog, gpupool: str, tensor_parallel: int, workers: int) ->
             ),
         ),
     )
-
-
-@pytest.fixture
-def other_namespace(k8s_api: Any) -> Iterator[str]:
-    name = f"t-{uuid.uuid4().hex[:10]}"
-    core = client.CoreV1Api(k8s_api)
-    core.create_namespace({"metadata": {"name": name, "labels": {"sailplan.dev/test": "true"}}})
-    try:
-        yield name
-    finally:
-        core.delete_namespace(name, propagation_policy="Background")
 
 
 def _create_job(k8s_api: Any, namespace: str, name: str) -> TrainingJob:
