@@ -28,10 +28,20 @@ Kinds' zone symmetry breaking is ignored, which only loosens the bound. So dropp
 plan that cannot cover the rest is exact: tests/planner/test_cyclebound.py checks the bound
 against brute force and the DP with it against the DP without.
 
-The recurrence is a min-plus sweep over positions, vectorised over kinds and weightings: a
-range's time grows with its end layer and its memory too (the DP relies on both), so the
-ends a range may take from a start lie in an interval that starts at the next layer, and
-the best continuation over it is a prefix minimum of the row after.
+Each row is minimised by its own covering, so every row can pass while no single covering
+passes them all: on row 6 the least GPU count covers the layers with the scarce fast type
+alone, and the least fast-type use needs twice the cluster. When the rows alone leave room,
+the bound also tries every pair of rows, each scaled to its capacity, added with weights
+(a Lagrangian relaxation: a non-negative sum of valid constraints is one). That proves
+most of row 6's deep single-pipeline DPs empty before they start, 30% below their optimum.
+
+The recurrence is a min-plus sweep over positions, vectorised over kinds and rows: a range's
+time grows with its end layer and its memory too (the DP relies on both), so the ends a
+range may take from a start lie in an interval that starts at the next layer, and the best
+continuation over it is a range minimum of the row after (a sparse table). A row for r
+stages that do not include the pipeline's first does not depend on the depth, so a group
+keeps its rows per cycle and the DPs of all its depths share them; the cycle is rounded up
+to a 1/256 step for that (a bound at a longer cycle is looser, and still valid).
 
 Called by stagedp.solve with the inputs engine._group builds once per (micro-batch, DP
 degree, kinds). Pure numpy.
@@ -41,6 +51,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import combinations
 
 import numpy as np
 import numpy.typing as npt
@@ -52,6 +63,16 @@ IntArray = npt.NDArray[np.int64]
 # relative slack on weighted capacities: speed weights are floats, and a plan exactly at
 # capacity must not be dropped by rounding
 _SLACK = 1e-9
+# weights of the second constraint of a pair, relative to the first, in the paired rows
+# (CycleRoom): a factor-2 ladder around 1. On row 6 of benchmarks/search_speed.py every
+# DP the pairs prove infeasible is proved so by a multiplier within 1/8 to 8, nine in ten
+# of them within 1/4 to 4.
+_MULTIPLIERS = (0.25, 0.5, 1.0, 2.0, 4.0)
+# rooms are built at cycles rounded up to powers of 1 + this (CycleRoom): a DP's bar moves
+# its cycle by less than that between the depths of a group, so they share their rows
+_CYCLE_STEP = 1 / 256
+# cycles whose rows a group keeps (each up to a row per position and constraint row)
+_CYCLES_KEPT = 8
 
 
 @dataclass
@@ -74,9 +95,12 @@ class CycleInputs:
     kind_cost: FloatArray
     slot_weight: FloatArray
     capacity: FloatArray
-    # per in-flight count: the kinds' last fitting end per start (small: kept for every DP;
-    # the times themselves are a matrix per kind and count, rebuilt per DP instead)
+    # per in-flight count: the kinds' last fitting end per start, and their times (kept for
+    # every DP of the group: building them was most of a room's cost)
     _fit_ends: dict[int, IntArray] = field(default_factory=dict, repr=False)
+    _times: dict[int, FloatArray] = field(default_factory=dict, repr=False)
+    # the latest cycles' shared rows (CycleRoom), oldest first
+    _cycles: dict[tuple[int, float], _AtCycle] = field(default_factory=dict, repr=False)
 
     @property
     def num_layers(self) -> int:
@@ -84,7 +108,25 @@ class CycleInputs:
 
     def times(self, in_flight: int) -> FloatArray:
         """[k, a, b]: compute_at(in_flight) of every kind, as one array."""
-        return np.stack([np.asarray(m, dtype=np.float64) for m in self.compute_at(in_flight)])
+        cached = self._times.get(in_flight)
+        if cached is None:
+            cached = np.stack([np.asarray(m, dtype=np.float64) for m in self.compute_at(in_flight)])
+            self._times[in_flight] = cached
+        return cached
+
+    def at_cycle(self, micro_batches: int, cycle: float) -> _AtCycle:
+        """The shared rows at `cycle` rounded up to the next power of 1 + _CYCLE_STEP."""
+        if cycle > 0.0 and np.isfinite(cycle):
+            step = np.log1p(_CYCLE_STEP)
+            cycle = max(cycle, float(np.exp(np.ceil(np.log(cycle) / step) * step)))
+        key = (micro_batches, cycle)
+        at = self._cycles.pop(key, None)
+        if at is None:
+            at = _AtCycle(self, micro_batches, cycle)
+            if len(self._cycles) >= _CYCLES_KEPT:
+                del self._cycles[next(iter(self._cycles))]
+        self._cycles[key] = at
+        return at
 
     def fit_ends(self, in_flight: int) -> IntArray:
         """[k, a]: the last end b whose range [a, b) fits (a when none does)."""
@@ -112,50 +154,178 @@ def _last_true(ok: BoolArray) -> IntArray:
     return found
 
 
+def _pairs(
+    kind_cost: FloatArray, slot_weight: FloatArray, capacity: FloatArray
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Every pair of the inputs' constraints, each scaled to a capacity of 1, added with the
+    second weighed by each of _MULTIPLIERS: rows (kind_cost, slot_weight, capacity) that
+    hold for every plan the inputs' rows hold for (a non-negative sum of valid inequalities
+    is one). Constraints with no capacity are left out (they are tested on their own), and
+    so are repeats (one GPU type in one zone: Hall's condition over all slots is the GPU
+    count)."""
+    rows: list[tuple[FloatArray, FloatArray]] = []
+    for w in range(capacity.shape[0]):
+        if capacity[w] <= 0.0:
+            continue
+        scaled = (kind_cost[w] / capacity[w], slot_weight[w] / capacity[w])
+        if not any(np.array_equal(scaled[0], c) and np.array_equal(scaled[1], s) for c, s in rows):
+            rows.append(scaled)
+    costs, slots, totals = [], [], []
+    for (cost_i, slot_i), (cost_j, slot_j) in combinations(rows, 2):
+        for factor in _MULTIPLIERS:
+            costs.append(cost_i + factor * cost_j)
+            slots.append(slot_i + factor * slot_j)
+            totals.append(1.0 + factor)
+    if not costs:
+        return np.zeros((0, kind_cost.shape[1])), np.zeros((0, slot_weight.shape[1])), np.zeros(0)
+    return np.array(costs), np.array(slots), np.array(totals)
+
+
+def _range_min(values: FloatArray, low: IntArray, high: IntArray) -> FloatArray:
+    """[w, k, a] = min of values[w, b] over low[k, a] <= b <= high[k, a] (inf where the
+    range is empty), by a sparse table: the sweep asks this once per position."""
+    n = values.shape[1]
+    levels = [values]
+    span = 1
+    while 2 * span <= n:
+        previous = levels[-1]
+        level = previous.copy()
+        level[:, : n - span] = np.minimum(previous[:, : n - span], previous[:, span:])
+        levels.append(level)
+        span *= 2
+    table = np.stack(levels, axis=1)  # [w, level, b]
+    length = np.maximum(high - low + 1, 1)
+    level_of = np.floor(np.log2(length)).astype(np.int64)
+    left = table[:, level_of, low]
+    right = table[:, level_of, np.maximum(high - (1 << level_of) + 1, low)]
+    out: FloatArray = np.where(high >= low, np.minimum(left, right), np.inf)
+    return out
+
+
+class _Rows:
+    """need[r] of one set of constraint rows at one cycle, for r stages whose first is not
+    the pipeline's first (it has a hop in): those do not depend on the depth, so the DPs
+    of every depth of a group share them. Grown on demand, one position per row."""
+
+    def __init__(self, at: _AtCycle, kind_cost: FloatArray) -> None:
+        self._at = at
+        self.kind_cost = kind_cost
+        n = at.inputs.num_layers + 1
+        done = np.full((kind_cost.shape[0], n), np.inf)
+        done[:, n - 1] = 0.0
+        self._need = [done]
+
+    def row(self, r: int) -> FloatArray:
+        while len(self._need) <= r:
+            self._need.append(self._step(len(self._need), first=False))
+        return self._need[r]
+
+    def first(self, depth: int) -> FloatArray:
+        """need[depth] of a depth-stage pipeline: its first stage has no hop in."""
+        self.row(depth - 1)
+        return self._step(depth, first=True)
+
+    def _step(self, r: int, *, first: bool) -> FloatArray:
+        last = self._at.last_end(r, first=first)
+        n = last.shape[1]
+        starts = np.arange(n)
+        # [w, k, a]: a stage of kind k from a to an end in (a, last], then the rest (inf
+        # where no end is left)
+        low = np.broadcast_to(starts + 1, last.shape).clip(max=n - 1)
+        via = _range_min(self._need[r - 1], low, np.where(last > starts, last, -1))
+        step: FloatArray = (via + self.kind_cost[:, :, None]).min(axis=1)
+        return step
+
+
+class _AtCycle:
+    """Everything a group's rooms at one cycle share: the last end each range may take per
+    position, and the rows of the inputs' constraints and of their pairs."""
+
+    def __init__(self, inputs: CycleInputs, micro_batches: int, cycle: float) -> None:
+        self.inputs, self.micro_batches, self.cycle = inputs, micro_batches, cycle
+        # per (in-flight, hop in, hop out): [k, a] the last end that fits within the cycle
+        self._last_ends: dict[tuple[int, bool, bool], IntArray] = {}
+        self.base = _Rows(self, inputs.kind_cost)
+        self.pair_slots, self.pair_capacity = np.zeros((0, 0)), np.zeros(0)
+        self._paired: _Rows | None = None
+
+    def paired(self) -> _Rows | None:
+        """The pairs' rows (None: the inputs have fewer than two constraints)."""
+        if self._paired is None:
+            costs, slots, totals = _pairs(
+                self.inputs.kind_cost, self.inputs.slot_weight, self.inputs.capacity
+            )
+            if not totals.size:
+                return None
+            self.pair_slots, self.pair_capacity = slots, totals
+            self._paired = _Rows(self, costs)
+        return self._paired
+
+    def last_end(self, r: int, *, first: bool) -> IntArray:
+        """[k, a]: the last end of a range from a, r stages from the pipeline's end, that
+        fits in memory and keeps the cycle (every such end lies in (a, last])."""
+        key = (min(r, self.micro_batches), not first, r > 1)
+        last = self._last_ends.get(key)
+        if last is None:
+            inputs = self.inputs
+            times = inputs.times(key[0])
+            if key[1]:
+                times = times + inputs.hop_in.T[:, :, None]  # [k, a, 1]
+            if key[2]:
+                # the hop out depends on the end layer: its least over all ends keeps a
+                # range's cycle non-decreasing in its end (so its ends within the limit are
+                # an interval), and is still a lower bound
+                times = times + inputs.hop_out.min(axis=0)[:, None, None]
+            within = _last_true((times <= self.cycle) & _later(inputs.num_layers + 1))
+            last = np.minimum(within, inputs.fit_ends(key[0]))
+            self._last_ends[key] = last
+        return last
+
+
 class CycleRoom:
-    """need[r][w, b]: least weighted GPUs (weighting w) of r stages covering [b, L) at the
-    last r positions of a depth-P pipeline, each within `cycle` (module docstring)."""
+    """need[r][w, b]: least weighted GPUs (constraint row w) of r stages covering [b, L) at
+    the last r positions of a depth-P pipeline, each within `cycle` (module docstring).
+
+    The rows are the inputs' own and, when those alone leave the pipeline feasible, their
+    pairwise sums (_pairs): each row is minimised by its own covering, so rows that each
+    pass may still admit no single covering that passes them all (the fast type's GPUs
+    within its capacity by one row, the GPU total within the cluster's by another, but not
+    both at once); a weighted sum of two sees that (Lagrangian relaxation). `kind_cost`,
+    `slot_weight` and `capacity` are the rows in use.
+
+    The cycle is the caller's rounded up to the next power of 1 + _CYCLE_STEP: a looser
+    bound, still valid, that lets the rooms of a group's depths share their rows."""
 
     def __init__(self, inputs: CycleInputs, depth: int, micro_batches: int, cycle: float) -> None:
-        self._inputs = inputs
-        n = inputs.num_layers + 1
-        weightings = inputs.kind_cost.shape[0]
-        starts = np.arange(n)
-        later = _later(n)
-        # the hop out depends on the end layer: its least over all ends keeps a range's
-        # cycle non-decreasing in its end (so its ends within the limit are an interval),
-        # and is still a lower bound
-        least_out = inputs.hop_out.min(axis=0)[:, None, None]
-        hop_in = inputs.hop_in.T[:, :, None]  # [k, a, 1]
-        # per (in-flight, hop in, hop out): [k, a] the last end that fits within the cycle
-        last_ends: dict[tuple[int, bool, bool], IntArray] = {}
-        done = np.full((weightings, n), np.inf)
-        done[:, n - 1] = 0.0
-        need = [done]
-        for r in range(1, depth + 1):
-            position = depth - r
-            in_flight = min(r, micro_batches)
-            key = (in_flight, position > 0, position < depth - 1)
-            last = last_ends.get(key)
-            if last is None:
-                times = inputs.times(in_flight)
-                if key[1]:
-                    times = times + hop_in
-                if key[2]:
-                    times = times + least_out
-                within = _last_true((times <= cycle) & later)
-                # every end that fits and keeps the cycle lies in (a, last]
-                last = np.minimum(within, inputs.fit_ends(in_flight))
-                last_ends[key] = last
-            # reach[w, a, h] = least need of the rest from an end in (a, h]
-            reach = np.minimum.accumulate(np.where(later, need[-1][:, None, :], np.inf), axis=2)
-            # [w, k, a]: a stage of kind k from a, then the rest (inf where no end is left)
-            via = reach[:, starts[None, :], last] + inputs.kind_cost[:, :, None]
-            need.append(via.min(axis=1))
-        self.need = need
-        self._room = inputs.capacity * (1 + _SLACK)
-        self.feasible = bool(np.all(need[depth][:, 0] <= self._room))
+        at = inputs.at_cycle(micro_batches, cycle)
+        self.cycle = at.cycle
+        self._depth = depth
+        self._rows = [at.base]
+        self.kind_cost = inputs.kind_cost
+        self.slot_weight = inputs.slot_weight
+        self.capacity = inputs.capacity
+        self._firsts = [at.base.first(depth)]
+        self.feasible = _within(self._firsts[0][:, 0], inputs.capacity)
+        paired = at.paired() if self.feasible else None
+        if paired is not None:
+            self._rows.append(paired)
+            self._firsts.append(paired.first(depth))
+            self.feasible = _within(self._firsts[1][:, 0], at.pair_capacity)
+            self.kind_cost = np.concatenate([self.kind_cost, paired.kind_cost])
+            self.slot_weight = np.concatenate([self.slot_weight, at.pair_slots])
+            self.capacity = np.concatenate([self.capacity, at.pair_capacity])
+        self._room = self.capacity * (1 + _SLACK)
         self._ends: dict[tuple[tuple[int, ...], int], list[bool]] = {}
+
+    def need_at(self, r: int) -> FloatArray:
+        """[w, b] for r of the depth stages (the whole pipeline at r = depth)."""
+        if r == self._depth:
+            return np.concatenate(self._firsts)
+        return np.concatenate([rows.row(r) for rows in self._rows])
+
+    @property
+    def need(self) -> list[FloatArray]:
+        return [self.need_at(r) for r in range(self._depth + 1)]
 
     def ends(self, usage: tuple[int, ...], stages_after: int) -> list[bool]:
         """Per end layer: can `stages_after` more stages cover the rest with what `usage`
@@ -163,8 +333,13 @@ class CycleRoom:
         key = (usage, stages_after)
         cached = self._ends.get(key)
         if cached is None:
-            used = self._inputs.slot_weight @ np.asarray(usage, dtype=np.float64)
-            ok = np.all(self.need[stages_after] + used[:, None] <= self._room[:, None], axis=0)
+            used = self.slot_weight @ np.asarray(usage, dtype=np.float64)
+            need = self.need_at(stages_after)
+            ok = np.all(need + used[:, None] <= self._room[:, None], axis=0)
             cached = ok.tolist()
             self._ends[key] = cached
         return cached
+
+
+def _within(need: FloatArray, capacity: FloatArray) -> bool:
+    return bool(np.all(need <= capacity * (1 + _SLACK)))

@@ -428,6 +428,13 @@ def solve(
                 grown = list(usage)
                 grown[kind.slot] += kind.gpus
                 new_usage: Usage = tuple(grown)
+                roomy = (
+                    room.ends(new_usage, stages_after)
+                    if room is not None and stages_after
+                    else None
+                )
+                if roomy is not None and not any(roomy):
+                    continue  # the GPUs left cannot cover the rest from any end
                 if new_usage in per_usage:
                     entry = per_usage[new_usage]
                 else:
@@ -450,11 +457,6 @@ def solve(
                 if entry is None:
                     continue
                 bound, spreads = entry
-                roomy = (
-                    room.ends(new_usage, stages_after)
-                    if room is not None and stages_after
-                    else None
-                )
                 x = boundary[start][previous][k] if previous >= 0 else 0.0
                 ends = (
                     range(num_layers, num_layers + 1)

@@ -76,15 +76,23 @@ def _cycle_inputs(args: Instance, capacity: tuple[int, int]) -> CycleInputs:
 
 
 def _need_by_enumeration(
-    inputs: CycleInputs, depth: int, micro: int, cycle: float, *, r: int, start: int
+    inputs: CycleInputs,
+    kind_cost: np.ndarray,
+    depth: int,
+    micro: int,
+    cycle: float,
+    *,
+    r: int,
+    start: int,
 ) -> np.ndarray:
-    """Least weighted GPUs of r stages covering [start, L) at the last r positions."""
+    """Least weighted GPUs (per row of kind_cost) of r stages covering [start, L) at the
+    last r positions."""
     layers = inputs.num_layers
-    best = np.full(inputs.kind_cost.shape[0], np.inf)
+    best = np.full(kind_cost.shape[0], np.inf)
     least_out = inputs.hop_out.min(axis=0)
     for cuts in combinations(range(start + 1, layers), r - 1):
         edges = (start, *cuts, layers)
-        for chosen in product(range(inputs.kind_cost.shape[1]), repeat=r):
+        for chosen in product(range(kind_cost.shape[1]), repeat=r):
             ok = True
             for i, k in enumerate(chosen):
                 position = depth - r + i
@@ -97,7 +105,7 @@ def _need_by_enumeration(
                     ok = False
                     break
             if ok:
-                best = np.minimum(best, inputs.kind_cost[:, list(chosen)].sum(axis=1))
+                best = np.minimum(best, kind_cost[:, list(chosen)].sum(axis=1))
     return best
 
 
@@ -112,7 +120,9 @@ def test_need_is_the_least_weighted_covering(seed: int) -> None:
             room = CycleRoom(inputs, depth, micro, cycle)
             for r in range(1, depth + 1):
                 for start in range(layers + 1):
-                    expected = _need_by_enumeration(inputs, depth, micro, cycle, r=r, start=start)
+                    expected = _need_by_enumeration(
+                        inputs, room.kind_cost, depth, micro, room.cycle, r=r, start=start
+                    )
                     got = room.need[r][:, start]
                     assert np.allclose(got, expected, rtol=1e-12), (depth, cycle, r, start)
                     finite += int(np.isfinite(expected[0]))
@@ -146,6 +156,51 @@ def test_the_dp_keeps_its_optimum_with_the_bound(
                 if result.time <= bar:
                     key = (result.usage, result.kinds[-1])
                     assert result.time == pytest.approx(expected[key], rel=1e-12)
+
+
+def test_pairs_of_constraints_see_what_each_alone_misses() -> None:
+    """Four one-layer stages, each either a fast kind (1 GPU of the scarce fast type, 2 in
+    the cluster) or a slow kind (4 GPUs, of either type), 6 GPUs in all. The least GPU
+    total (4 fast stages) breaks the fast type's capacity and the least fast-type use (4
+    slow stages) the total: each row alone is met by its own covering, no covering meets
+    both (enumerated below), and the paired rows say so."""
+    layers = depth = 4
+    n = layers + 1
+    later = np.triu(np.ones((n, n), dtype=bool), k=1)
+    one_layer = later & ~np.triu(np.ones((n, n), dtype=bool), k=2)
+    # a stage of layers [a, b) takes b - a seconds on either kind
+    times = np.where(later, np.arange(n)[None, :] - np.arange(n)[:, None], 0).astype(float)
+    gpus = np.array([1.0, 4.0])  # kind 0 fast, kind 1 slow
+
+    def inputs_with(fast_gpus: float) -> CycleInputs:
+        return CycleInputs(
+            compute_at=lambda f: [times, times],
+            fits=lambda f: [later, later],
+            hop_in=np.zeros((n, 2)),
+            hop_out=np.zeros((n, 2)),
+            # GPU total; fast-type GPUs (Hall, fast slot); GPUs of slow kinds (Hall, slow
+            # slot, which the fast pools may serve too)
+            kind_cost=np.array([gpus, [1.0, 0.0], [0.0, 4.0]]),
+            slot_weight=np.array([[1.0, 1.0], [1.0, 0.0], [0.0, 1.0]]),
+            capacity=np.array([6.0, fast_gpus, 6.0]),
+        )
+
+    inputs = inputs_with(2.0)
+    cycle = 1.5  # one layer per stage
+    assert np.array_equal(later & (times <= cycle), one_layer)
+    jointly = [
+        chosen
+        for chosen in product(range(2), repeat=depth)
+        if gpus[list(chosen)].sum() <= 6 and chosen.count(0) <= 2 and 4 * chosen.count(1) <= 6
+    ]
+    assert not jointly
+    room = CycleRoom(inputs, depth, 8, cycle)
+    own_rows = inputs.capacity.shape[0]
+    whole = room.need[depth][:, 0]
+    assert np.all(whole[:own_rows] <= inputs.capacity)  # each row alone: room enough
+    assert not room.feasible
+    # with two fast GPUs more, four fast stages fit everything: the pairs must not refuse it
+    assert CycleRoom(inputs_with(4.0), depth, 8, cycle).feasible
 
 
 def test_the_bound_drops_work_on_some_instances(monkeypatch: pytest.MonkeyPatch) -> None:
