@@ -286,10 +286,6 @@ class WorkRows:
         return self._rows[r]
 
 
-# partial plans a DP must hold before it builds its cycle bound (cyclebound.py)
-_ROOM_AFTER_LABELS = 32
-
-
 class DeadlineReachedError(Exception):
     """The caller's deadline ran out in the middle of a DP (see `expired`)."""
 
@@ -370,6 +366,13 @@ def solve(
             + constant
         )
         cycle = (bar - fill) / m1 * (1 + 1e-9)
+        if cycle < float("inf"):
+            # built before the first stage: its rows are shared by the group's DPs at this
+            # cycle (cyclebound.py), so a DP it proves empty costs well under a millisecond,
+            # and the first stage's usages it dooms skip their spread bounds
+            room = CycleRoom(cycle_inputs, depth, micro_batches, cycle)
+            if not room.feasible:
+                return []
     # state: (first free layer, usage, last kind or -1) -> Pareto front
     fronts: dict[tuple[int, Usage, int], list[_Label]] = {
         (0, zero, -1): [_Label(0.0, 0.0, 0.0, 0.0, None, 0, -1)]
@@ -377,18 +380,6 @@ def solve(
     for s in range(depth):
         if expired is not None and expired():
             raise DeadlineReachedError
-        if (
-            room is None
-            and cycle_inputs is not None
-            and cycle < float("inf")
-            and 0 < s < depth - 1
-            and sum(len(front) for front in fronts.values()) >= _ROOM_AFTER_LABELS
-        ):
-            # the bound costs about a millisecond: only DPs still holding many partial
-            # plans after their first stage pay it
-            room = CycleRoom(cycle_inputs, depth, micro_batches, cycle)
-            if not room.feasible:
-                return []
         last_stage = s == depth - 1
         last_end = num_layers - (depth - s - 1)
         stages_after = depth - s - 1

@@ -133,11 +133,7 @@ def test_need_is_the_least_weighted_covering(seed: int) -> None:
 
 @pytest.mark.parametrize("identical_blocks", [True, False])
 @pytest.mark.parametrize("seed", range(12))
-def test_the_dp_keeps_its_optimum_with_the_bound(
-    monkeypatch: pytest.MonkeyPatch, seed: int, identical_blocks: bool
-) -> None:
-    # the DP builds the bound only once it holds this many partial plans: from the start here
-    monkeypatch.setattr(stagedp, "_ROOM_AFTER_LABELS", 0)
+def test_the_dp_keeps_its_optimum_with_the_bound(seed: int, identical_blocks: bool) -> None:
     args, capacity = instance(seed, identical_blocks=identical_blocks)
     inputs = _cycle_inputs(args, capacity)
     layers = int(args["num_layers"])  # type: ignore[call-overload]
@@ -214,7 +210,6 @@ def test_the_bound_drops_work_on_some_instances(monkeypatch: pytest.MonkeyPatch)
         insert(front, label)
 
     monkeypatch.setattr(stagedp, "_insert", counted)
-    monkeypatch.setattr(stagedp, "_ROOM_AFTER_LABELS", 0)
     fewer = 0
     for seed in range(12):
         args, capacity = instance(seed, identical_blocks=False)
