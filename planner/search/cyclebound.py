@@ -101,6 +101,8 @@ class CycleInputs:
     _times: dict[int, FloatArray] = field(default_factory=dict, repr=False)
     # the latest cycles' shared rows (CycleRoom), oldest first
     _cycles: dict[tuple[int, float], _AtCycle] = field(default_factory=dict, repr=False)
+    # the pairs' rows (_pairs), built when a room first needs them
+    _paired: tuple[FloatArray, FloatArray, FloatArray] | None = field(default=None, repr=False)
 
     @property
     def num_layers(self) -> int:
@@ -127,6 +129,12 @@ class CycleInputs:
                 del self._cycles[next(iter(self._cycles))]
         self._cycles[key] = at
         return at
+
+    def paired(self) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """(kind_cost, slot_weight, capacity) of every pair of the inputs' rows (_pairs)."""
+        if self._paired is None:
+            self._paired = _pairs(self.kind_cost, self.slot_weight, self.capacity)
+        return self._paired
 
     def fit_ends(self, in_flight: int) -> IntArray:
         """[k, a]: the last end b whose range [a, b) fits (a when none does)."""
@@ -207,9 +215,11 @@ class _Rows:
     the pipeline's first (it has a hop in): those do not depend on the depth, so the DPs
     of every depth of a group share them. Grown on demand, one position per row."""
 
-    def __init__(self, at: _AtCycle, kind_cost: FloatArray) -> None:
+    def __init__(
+        self, at: _AtCycle, kind_cost: FloatArray, slot_weight: FloatArray, capacity: FloatArray
+    ) -> None:
         self._at = at
-        self.kind_cost = kind_cost
+        self.kind_cost, self.slot_weight, self.capacity = kind_cost, slot_weight, capacity
         n = at.inputs.num_layers + 1
         done = np.full((kind_cost.shape[0], n), np.inf)
         done[:, n - 1] = 0.0
@@ -245,20 +255,13 @@ class _AtCycle:
         self.inputs, self.micro_batches, self.cycle = inputs, micro_batches, cycle
         # per (in-flight, hop in, hop out): [k, a] the last end that fits within the cycle
         self._last_ends: dict[tuple[int, bool, bool], IntArray] = {}
-        self.base = _Rows(self, inputs.kind_cost)
-        self.pair_slots, self.pair_capacity = np.zeros((0, 0)), np.zeros(0)
+        self.base = _Rows(self, inputs.kind_cost, inputs.slot_weight, inputs.capacity)
         self._paired: _Rows | None = None
 
     def paired(self) -> _Rows | None:
         """The pairs' rows (None: the inputs have fewer than two constraints)."""
-        if self._paired is None:
-            costs, slots, totals = _pairs(
-                self.inputs.kind_cost, self.inputs.slot_weight, self.inputs.capacity
-            )
-            if not totals.size:
-                return None
-            self.pair_slots, self.pair_capacity = slots, totals
-            self._paired = _Rows(self, costs)
+        if self._paired is None and self.inputs.paired()[2].size:
+            self._paired = _Rows(self, *self.inputs.paired())
         return self._paired
 
     def last_end(self, r: int, *, first: bool) -> IntArray:
@@ -301,27 +304,27 @@ class CycleRoom:
         self.cycle = at.cycle
         self._depth = depth
         self._rows = [at.base]
-        self.kind_cost = inputs.kind_cost
-        self.slot_weight = inputs.slot_weight
-        self.capacity = inputs.capacity
         self._firsts = [at.base.first(depth)]
-        self.feasible = _within(self._firsts[0][:, 0], inputs.capacity)
+        self.feasible = _within(self._firsts[0][:, 0], at.base.capacity)
         paired = at.paired() if self.feasible else None
         if paired is not None:
             self._rows.append(paired)
             self._firsts.append(paired.first(depth))
-            self.feasible = _within(self._firsts[1][:, 0], at.pair_capacity)
-            self.kind_cost = np.concatenate([self.kind_cost, paired.kind_cost])
-            self.slot_weight = np.concatenate([self.slot_weight, at.pair_slots])
-            self.capacity = np.concatenate([self.capacity, at.pair_capacity])
+            self.feasible = _within(self._firsts[1][:, 0], paired.capacity)
+        self.kind_cost = np.concatenate([rows.kind_cost for rows in self._rows])
+        self.slot_weight = np.concatenate([rows.slot_weight for rows in self._rows])
+        self.capacity = np.concatenate([rows.capacity for rows in self._rows])
         self._room = self.capacity * (1 + _SLACK)
+        self._needs: dict[int, FloatArray] = {}
         self._ends: dict[tuple[tuple[int, ...], int], list[bool]] = {}
 
     def need_at(self, r: int) -> FloatArray:
         """[w, b] for r of the depth stages (the whole pipeline at r = depth)."""
-        if r == self._depth:
-            return np.concatenate(self._firsts)
-        return np.concatenate([rows.row(r) for rows in self._rows])
+        need = self._needs.get(r)
+        if need is None:
+            parts = self._firsts if r == self._depth else [rows.row(r) for rows in self._rows]
+            need = self._needs[r] = np.concatenate(parts)
+        return need
 
     @property
     def need(self) -> list[FloatArray]:

@@ -354,7 +354,6 @@ def solve(
     hop_max = [[max(row) for row in matrix] if b else [] for b, matrix in enumerate(boundary)]
     zero: Usage = (0,) * num_slots
     room: CycleRoom | None = None
-    cycle = float("inf")
     if cycle_inputs is not None and micro_batches > 1 and depth > 1:
         # every plan here takes at least `fill` beyond its (M - 1) steady cycles, so one
         # that beats the loosest limit any of them can have keeps every cycle within this
