@@ -174,7 +174,8 @@ def roofline_parts(
 ) -> tuple[float, float]:
     """(clock-scaled, not clock-scaled) roofline seconds of one layer's forward+backward:
     clock_scaled_share's two sums for a single layer."""
-    from sailplan.planner.profiles.estimate import layer_forward_flops, tensor_parallel_seconds
+    from sailplan.planner.profiles.estimate import tensor_parallel_seconds
+    from sailplan.planner.profiles.flops import layer_forward_flops
 
     compute = 3.0 * layer_forward_flops(model, layer, tp, mbs) / spec.peak_flops
     moved = ACTIVATION_TRAFFIC_FACTOR * layer_activation_bytes(

@@ -34,7 +34,8 @@ import numpy as np
 from sailplan.planner.catalog import Catalog, CatalogError, GPUSpec
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.profiles.cleaning import monotone_in_micro_batch
-from sailplan.planner.profiles.rescale import combine, rescale_profile
+from sailplan.planner.profiles.flops import layer_forward_flops
+from sailplan.planner.profiles.rescale import rescale_profile
 from sailplan.planner.profiles.tp_consistency import consistent_in_tensor_parallel
 from sailplan.planner.profiles.transfer import transfer_profile
 from sailplan.planner.profiles.types import (
@@ -72,7 +73,7 @@ class Calibration:
 # fit_calibration() on the Sailor artifact's measured profiles (every model, TP degree and
 # micro-batch size measured on the GPU; blocks and head), after taking out the modelled TP
 # all-reduces. Median relative error of a layer's forward+backward: A100-40 20%, A100-80
-# 14%, GH200-96 14%, V100-16 3.8%, RTX-2080 22%, Titan-RTX 26%, RTX-3090 89% (its profile
+# 14%, GH200-96 14%, V100-16 3.6%, RTX-2080 22%, Titan-RTX 26%, RTX-3090 89% (its profile
 # is erratic across micro-batch sizes). The efficiencies are low against datasheet peaks
 # because the artifact's layer timings include framework hooks and unfused kernels; they
 # are what training reached. tests/planner/test_profiles_estimate.py refits and checks them.
@@ -80,7 +81,7 @@ CALIBRATION: dict[str, Calibration] = {
     "A100-40": Calibration(efficiency=0.0703, per_layer_s=0.0),
     "A100-80": Calibration(efficiency=0.0999, per_layer_s=1.34e-3),
     "GH200-96": Calibration(efficiency=0.170, per_layer_s=0.0),
-    "V100-16": Calibration(efficiency=0.0998, per_layer_s=4.85e-3),
+    "V100-16": Calibration(efficiency=0.0988, per_layer_s=3.29e-3),
     "RTX-2080": Calibration(efficiency=0.110, per_layer_s=6.27e-3),
     "RTX-3090": Calibration(efficiency=0.088, per_layer_s=4.85e-3),
     "Titan-RTX": Calibration(efficiency=0.035, per_layer_s=6.27e-3),
@@ -89,7 +90,7 @@ CALIBRATION: dict[str, Calibration] = {
     "H200-141": Calibration(efficiency=0.170, per_layer_s=0.0),
 }
 # GPUs never measured (L4, T4, user additions): the median of the measured efficiencies.
-DEFAULT_CALIBRATION = Calibration(efficiency=0.0998, per_layer_s=4.85e-3)
+DEFAULT_CALIBRATION = Calibration(efficiency=0.0988, per_layer_s=3.29e-3)
 
 
 def calibration_for(gpu_type: str) -> Calibration:
@@ -149,57 +150,6 @@ def fit_calibration(
         if best is not None:
             fitted[gpu_name] = (best[1], best[2])
     return fitted
-
-
-def _attention_flops(model: ModelSpec, b: int, queries: int, keys: int) -> float:
-    """Q and the output projection over the queries, K and V over the keys, QK^T and
-    attention-over-V (2 x 2 x b x queries x keys x h)."""
-    h = model.hidden_size
-    kv = model.kv_heads * model.head_dim
-    projections = 2.0 * 2 * h * h * b * queries + 2.0 * 2 * h * kv * b * keys
-    return projections + 4.0 * b * queries * keys * h
-
-
-def _mlp_flops(model: ModelSpec, b: int, tokens: int) -> float:
-    h, f = model.hidden_size, model.ffn_size
-    up = 2 * h * f if model.mlp == "swiglu" else h * f
-    return 2.0 * (up + f * h) * b * tokens
-
-
-def _conv_flops(model: ModelSpec, layer: int, b: int) -> float:
-    """2 x multiply-adds of the convolutions (batch norm, ReLU and pooling are
-    element-wise and left out) or of the classifier."""
-    kind = model.layer_kind(layer)
-    if kind == "stem":
-        side = -(-model.image_size // 2)
-        return 2.0 * b * side**2 * model.stem_channels * model.image_channels * 49
-    if kind == "head":
-        return 2.0 * b * model.conv_blocks()[-1].out_channels * model.num_classes
-    block = model.conv_block(layer)
-    before, after = block.in_side**2, block.out_side**2
-    macs = block.in_channels * block.width * before
-    macs += 9 * block.width * block.width * after + block.width * block.out_channels * after
-    if block.downsample:
-        macs += block.in_channels * block.out_channels * after
-    return 2.0 * b * macs
-
-
-def layer_forward_flops(model: ModelSpec, layer: int, tp: int, micro_batch_size: int) -> float:
-    """Forward FLOPs of one layer on one TP rank for one micro-batch."""
-    b = micro_batch_size
-    kind = model.layer_kind(layer)
-    if model.architecture == "convnet":
-        return _conv_flops(model, layer, b)
-    s, t = model.sequence_length, model.target_length
-    if kind == "embedding":
-        return 0.0
-    if kind == "head":
-        projection = model.vocab_size * model.hidden_size / tp
-        return 2.0 * projection * b * t
-    if kind == "decoder-block":
-        flops = _attention_flops(model, b, t, t) + _attention_flops(model, b, t, s)
-        return (flops + _mlp_flops(model, b, t)) / tp
-    return (_attention_flops(model, b, s, s) + _mlp_flops(model, b, s)) / tp
 
 
 def _tensor_parallel_all_reduces(
@@ -368,25 +318,26 @@ def default_network_profile(
     )
 
 
+def grid_distance(point: tuple[int, int], tp: int, mbs: int) -> tuple[bool, float, int]:
+    """How far grid point (TP, micro-batch) is from (tp, mbs): same TP first, then the
+    nearest micro-batch size on a log scale (ties: the larger one, which is less
+    launch-bound)."""
+    other_tp, other_mbs = point
+    return (
+        abs(math.log2(other_tp / tp)) > 0,
+        abs(math.log2(other_mbs / mbs)) + abs(math.log2(other_tp / tp)),
+        -other_mbs,
+    )
+
+
 def _nearest_measured(
     measured: ProfileSet, model: str, gpu: str, tp: int, mbs: int
 ) -> ComputeProfile | None:
-    """The measured point of the same model and GPU closest to (tp, mbs): same TP first,
-    then the nearest micro-batch size on a log scale (ties: the larger one, which is less
-    launch-bound)."""
+    """The measured point of the same model and GPU closest to (tp, mbs) (grid_distance)."""
     grid = measured.compute_grid(model, gpu)
     if not grid:
         return None
-
-    def distance(point: tuple[int, int]) -> tuple[int, float, int]:
-        other_tp, other_mbs = point
-        return (
-            abs(math.log2(other_tp / tp)) > 0,
-            abs(math.log2(other_mbs / mbs)) + abs(math.log2(other_tp / tp)),
-            -other_mbs,
-        )
-
-    best_tp, best_mbs = min(grid, key=distance)
+    best_tp, best_mbs = min(grid, key=lambda point: grid_distance(point, tp, mbs))
     profile = measured.compute_profile(model, gpu, best_tp, best_mbs)
     if profile is None or profile.oom or profile.provenance.source != "measured":
         return None
@@ -398,16 +349,25 @@ def anchored_estimate(
     gpu: GPUSpec,
     estimate: ComputeProfile,
     anchor: ComputeProfile,
+    *,
     optimizer: str = "adam",
+    calibration: Calibration | None = None,
 ) -> ComputeProfile:
-    """Scale a measured profile to another grid point by the roofline's ratio, layer by layer.
+    """Scale a profile (measured, or moved from another GPU) to another grid point by the
+    roofline's ratio, layer by layer.
 
     The roofline is better at how time changes with micro-batch size or TP degree than at
-    the absolute level on a given machine; the measurement fixes the level:
-    t(target) = t_measured(anchor) x roofline(target) / roofline(anchor).
+    the absolute level on a given machine; the anchor fixes the level:
+    t(target) = t(anchor) x roofline(target) / roofline(anchor). `estimate` is the
+    roofline at the target, computed with `calibration` (None: the GPU's shipped one).
     """
     reference = estimate_compute_profile(
-        model, gpu, anchor.tensor_parallel, anchor.micro_batch_size, optimizer=optimizer
+        model,
+        gpu,
+        anchor.tensor_parallel,
+        anchor.micro_batch_size,
+        optimizer=optimizer,
+        calibration=calibration,
     )
 
     def scaled(
@@ -426,7 +386,8 @@ def anchored_estimate(
             else scaled(estimate.update_s, reference.update_s, anchor.update_s),
             "provenance": estimate.provenance.model_copy(
                 update={
-                    "note": f"roofline scaled from measured {anchor.key} ({anchor.provenance.tool})"
+                    "note": f"roofline scaled from {anchor.provenance.source} {anchor.key} "
+                    f"({anchor.provenance.tool})"
                 }
             ),
         }
@@ -441,16 +402,45 @@ def _unmeasured_gpu_estimate(
     *,
     measured: ProfileSet,
     models: dict[str, ModelSpec],
+    catalog: Catalog,
     optimizer: str,
 ) -> ComputeProfile | None:
-    """A model never measured on `gpu`: the geometric mean of its measurement on other GPUs
-    scaled by a reference model's GPU ratio (transfer.transfer_profile) and the roofline
-    scaled by what `gpu` measured for other models of its family (rescale.rescale_profile),
-    or whichever of the two reaches this point; None when neither does. Leaving each
-    artifact (model, GPU) out, the mean is the lowest-error choice
-    (benchmarks/profile_transfer.py)."""
-    moved = transfer_profile(model, gpu.name, tp, mbs, measured=measured, models=models)
-    rescaled = rescale_profile(
+    """A model never measured on `gpu`, in order of trust (benchmarks/profile_transfer.py
+    leaves each of the artifact's (model, GPU) out; docs/benchmarks.md):
+
+    1. its measurement on another GPU scaled by a reference model's GPU ratio
+       (transfer.transfer_profile, qualified pairs only);
+    2. where no qualified pair has measured this point, the roofline anchored to that
+       transfer at the nearest grid point it reaches (anchored_estimate: the roofline says
+       how time changes with micro-batch size and TP, the transfer fixes the level);
+    3. the roofline scaled by what `gpu` measured for other models of its family
+       (rescale.rescale_profile), which assumes a GPU reaches the same share of the
+       roofline on every model: on the artifact's A100s GPT-Neo-2.7B reaches 2.3-2.6x the
+       share OPT-350M does, so it is the fallback, not a partner to average with;
+
+    None when none of the three reaches."""
+    moved = transfer_profile(
+        model, gpu.name, tp, mbs, measured=measured, models=models, catalog=catalog
+    )
+    if moved is not None:
+        return moved
+    elsewhere = sorted(
+        {
+            (p.tensor_parallel, p.micro_batch_size)
+            for p in measured.compute
+            if p.model == model.name and p.gpu_type != gpu.name and not p.oom
+        }
+        - {(tp, mbs)},
+        key=lambda point: grid_distance(point, tp, mbs),
+    )
+    for other_tp, other_mbs in elsewhere:
+        anchor = transfer_profile(
+            model, gpu.name, other_tp, other_mbs, measured=measured, models=models, catalog=catalog
+        )
+        if anchor is not None:
+            roofline = estimate_compute_profile(model, gpu, tp, mbs, optimizer=optimizer)
+            return anchored_estimate(model, gpu, roofline, anchor, optimizer=optimizer)
+    return rescale_profile(
         model,
         gpu.name,
         tp,
@@ -459,9 +449,6 @@ def _unmeasured_gpu_estimate(
         models=models,
         roofline=lambda m, t, b: estimate_compute_profile(m, gpu, t, b, optimizer=optimizer),
     )
-    if moved is not None and rescaled is not None:
-        return combine(moved, rescaled)
-    return moved if moved is not None else rescaled
 
 
 def complete_profiles(
@@ -480,9 +467,11 @@ def complete_profiles(
     (cleaning.monotone_in_micro_batch). Compute: each (GPU type, TP, micro-batch) with no
     profile for the model gets a roofline profile (TP degrees the model cannot split are
     skipped), anchored to the nearest measured point of the same GPU type when there is
-    one (anchored_estimate); with none on that GPU, _unmeasured_gpu_estimate where it
-    reaches, else the bare roofline. The estimates' time x TP is then made non-decreasing
-    in TP degree against each other and the measured points
+    one (anchored_estimate); with none on that GPU, _unmeasured_gpu_estimate (the model's
+    measurement on another GPU moved by a reference's GPU ratio, else the roofline anchored
+    to such a move, else the same-GPU rescale) where it reaches, else the bare roofline.
+    The estimates' time x TP is then made non-decreasing in TP degree against each other
+    and the measured points
     (tp_consistency.consistent_in_tensor_parallel; measured profiles untouched). Network:
     each link class and GPU pair without a measured (or already present) profile gets a
     catalog default.
@@ -508,7 +497,9 @@ def complete_profiles(
                     estimate = estimate_compute_profile(model, spec, tp, mbs, optimizer=optimizer)
                     anchor = _nearest_measured(measured, model.name, gpu, tp, mbs)
                     if anchor is not None:
-                        estimate = anchored_estimate(model, spec, estimate, anchor, optimizer)
+                        estimate = anchored_estimate(
+                            model, spec, estimate, anchor, optimizer=optimizer
+                        )
                     else:
                         elsewhere = _unmeasured_gpu_estimate(
                             model,
@@ -517,6 +508,7 @@ def complete_profiles(
                             mbs,
                             measured=measured,
                             models=models,
+                            catalog=catalog,
                             optimizer=optimizer,
                         )
                         estimate = elsewhere or estimate

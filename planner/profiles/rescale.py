@@ -11,26 +11,24 @@ per layer kind (embedding, block, head) and direction (forward, backward, optimi
 update). With several references the median one by whole-model time decides (the
 geometric mean of the two middle ones), as in transfer.py.
 
-This and the cross-GPU transfer (transfer.py: the same model on another GPU, scaled by a
-reference model's GPU ratio) err differently: the transfer inherits the other GPU's
-profile quirks, this the roofline's view of how layer sizes compare. complete_profiles
-takes the geometric mean of the two where both reach (`combine`), which predicts the
-artifact's hidden profiles better than either alone when each (model, GPU) is left out
-(benchmarks/profile_transfer.py prints the table). Pure; called by
+It assumes a GPU reaches the same share of the roofline on every model of the family,
+which the artifact contradicts wherever it can be checked: on A100-40 and A100-80
+GPT-Neo-2.7B reaches 2.3-2.6x the share OPT-350M does (larger matmuls run closer to
+peak). The cross-GPU transfer (transfer.py) carries that model-size effect over from
+another GPU, so complete_profiles uses this only where no qualified transfer reaches
+(benchmarks/profile_transfer.py prints the leave-one-out table). Pure; called by
 estimate.complete_profiles, which passes the roofline (estimate.py imports this module).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.profiles.transfer import Columns, kind_ratios, median_estimate
 from sailplan.planner.profiles.types import ComputeProfile, ProfileSet, Provenance
 
 RESCALE_TOOL = "sailplan-model-rescale"
-COMBINED_TOOL = "sailplan-transfer-rescale"
 TOOL_VERSION = "1"
 
 # roofline(model, tp, micro_batch_size) on the GPU being estimated
@@ -110,35 +108,4 @@ def rescale_profile(
             gpu_name=gpu_type,
             note="roofline scaled by what this GPU measured for: " + ", ".join(used),
         ),
-    )
-
-
-def combine(moved: ComputeProfile, rescaled: ComputeProfile) -> ComputeProfile:
-    """Geometric mean, layer by layer and column by column, of the cross-GPU transfer and
-    the same-GPU rescale of one grid point."""
-
-    def mean(a: Sequence[float], b: Sequence[float]) -> tuple[float, ...]:
-        return tuple(
-            math.sqrt(x * y) if x > 0 and y > 0 else max(x, y) for x, y in zip(a, b, strict=True)
-        )
-
-    return moved.model_copy(
-        update={
-            "forward_s": mean(moved.forward_s, rescaled.forward_s),
-            "backward_s": mean(moved.backward_s, rescaled.backward_s),
-            "update_s": mean(moved.update_s, rescaled.update_s),
-            "provenance": Provenance(
-                source="estimated",
-                tool=COMBINED_TOOL,
-                tool_version=TOOL_VERSION,
-                gpu_name=moved.gpu_type,
-                note=(
-                    "geometric mean of the cross-GPU transfer ("
-                    + moved.provenance.note
-                    + ") and the same-GPU rescale ("
-                    + rescaled.provenance.note
-                    + ")"
-                ),
-            ),
-        }
     )

@@ -29,6 +29,7 @@ from sailplan.planner.catalog import Catalog, CatalogError
 from sailplan.planner.cluster import ClusterSnapshot, Pool, region_of
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.plan import Plan, Replica, Stage
+from sailplan.planner.profiles.head_projection import with_head_projection
 from sailplan.planner.profiles.types import (
     BandwidthCurve,
     ComputeProfile,
@@ -162,15 +163,19 @@ def import_compute(
                     )
                     continue
                 profiles.append(
-                    ComputeProfile(
-                        model=model.name,
-                        gpu_type=gpu,
-                        tensor_parallel=int(tp_key),
-                        micro_batch_size=int(mbs_key),
-                        forward_s=tuple(float(r[0]) for r in rows),
-                        backward_s=tuple(float(r[1]) for r in rows),
-                        update_s=_update_per_layer(model, int(tp_key), rows),
-                        provenance=_provenance(path, gpu),
+                    with_head_projection(
+                        ComputeProfile(
+                            model=model.name,
+                            gpu_type=gpu,
+                            tensor_parallel=int(tp_key),
+                            micro_batch_size=int(mbs_key),
+                            forward_s=tuple(float(r[0]) for r in rows),
+                            backward_s=tuple(float(r[1]) for r in rows),
+                            update_s=_update_per_layer(model, int(tp_key), rows),
+                            provenance=_provenance(path, gpu),
+                        ),
+                        model,
+                        catalog.gpu(gpu),
                     )
                 )
     return profiles, skipped

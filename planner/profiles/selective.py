@@ -15,7 +15,7 @@ whenever flash attention already does not store the scores.
 Time: the backward runs the attention core's forward again. Its share of a layer's forward
 is taken from FLOPs: 2 x 2 x b x queries x keys x h for QK^T and attention over V (per
 attention sub-layer, split over TP) against the layer's forward FLOPs
-(profiles/estimate.layer_forward_flops, the roofline's count), applied to the layer's
+(profiles/flops.layer_forward_flops, the roofline's count), applied to the layer's
 measured or estimated forward seconds. Assumption: the layer's forward time divides among
 its parts in proportion to their FLOPs; softmax, masking and dropout are element-wise and
 count zero FLOPs, so where they are memory-bound the repeated time is underestimated.
@@ -26,6 +26,7 @@ Called by simulator/costs.py (StageTable's selective columns) and the search thr
 from __future__ import annotations
 
 from sailplan.planner.modelspec import ModelSpec
+from sailplan.planner.profiles.flops import layer_forward_flops
 from sailplan.planner.profiles.memory import layer_activation_bytes
 
 
@@ -56,10 +57,6 @@ def attention_core_flops(model: ModelSpec, layer: int, tp: int, micro_batch_size
 
 def attention_core_share(model: ModelSpec, layer: int, tp: int, micro_batch_size: int) -> float:
     """The attention core's share of the layer's forward FLOPs (0 without attention)."""
-    # imported here: profiles.estimate imports the simulator package, whose cost tables
-    # import this module
-    from sailplan.planner.profiles.estimate import layer_forward_flops
-
     core = attention_core_flops(model, layer, tp, micro_batch_size)
     if core <= 0.0:
         return 0.0

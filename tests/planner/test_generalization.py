@@ -1,33 +1,29 @@
 """What makes predictions hold on clusters the simulator was not calibrated on.
 
 Pipeline sends move one copy of the boundary tensor whatever the TP degree (as both
-runtimes do); a profile file that cannot be its folder's model is rejected with one line;
-a model measured on other GPUs is estimated from them by the GPU ratio of models measured
-on both. Each expectation follows from the inputs by hand.
+runtimes do); a profile file that cannot be its folder's model is rejected with one line.
+(A model measured on other GPUs is estimated from them by the GPU ratio of models measured
+on both: test_profiles_transfer.py.) Each expectation follows from the inputs by hand.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from pathlib import Path
 
 import pytest
+from profile_cases import MEASURED, profile
 
 from sailplan.planner.catalog import default_catalog
 from sailplan.planner.cli_inputs import InputError
 from sailplan.planner.cli_sources import load_profiles
 from sailplan.planner.cluster import ClusterSnapshot, Pool
 from sailplan.planner.plan import Plan, Replica, Stage
-from sailplan.planner.profiles.estimate import complete_profiles, estimate_compute_profile
 from sailplan.planner.profiles.sailor import import_artifact
-from sailplan.planner.profiles.transfer import transfer_profile
 from sailplan.planner.profiles.types import (
-    ComputeProfile,
     NetworkProfile,
     ProfileSet,
-    Provenance,
 )
 from sailplan.planner.simulator import DEFAULT_CONSTANTS, PlanningContext, simulate
 from sailplan.planner.simulator.costs import Endpoint, flat_curve
@@ -35,20 +31,6 @@ from sailplan.planner.simulator.costs import Endpoint, flat_curve
 CATALOG = default_catalog()
 OPT = CATALOG.model("OPT-350M")
 NEO = CATALOG.model("GPT-Neo-2.7B")
-MEASURED = Provenance(source="measured", tool="test")
-
-
-def profile(model: str, gpu: str, layers: list[float], tp: int = 1, mbs: int = 1) -> ComputeProfile:
-    return ComputeProfile(
-        model=model,
-        gpu_type=gpu,
-        tensor_parallel=tp,
-        micro_batch_size=mbs,
-        forward_s=tuple(layers),
-        backward_s=tuple(2 * t for t in layers),
-        update_s=tuple(0.001 for _ in layers),
-        provenance=MEASURED,
-    )
 
 
 # -- pipeline sends: one copy crosses the network ----------------------------------------
@@ -123,63 +105,6 @@ def test_cross_zone_egress_counts_one_copy_per_micro_batch_and_direction() -> No
     context = PlanningContext(model=OPT, cluster=ClusterSnapshot(pools=pools), profiles=measured)
     boundary = context.costs.boundary_bytes(1, 13)
     assert simulate(plan, context).egress_bytes_per_iteration == pytest.approx(2 * 4 * boundary)
-
-
-# -- cross-GPU transfer ------------------------------------------------------------------
-
-
-def test_transfer_scales_each_layer_kind_by_the_reference_models_gpu_ratio() -> None:
-    small = CATALOG.model("OPT-350M")
-    # the reference (OPT-350M) runs its blocks 2x and its head 4x faster on GH200 than on
-    # A100; Neo measured on A100 only must get the same per-kind ratios on GH200
-    ref_a100 = [0.01] + [0.1] * (small.num_layers - 2) + [0.4]
-    ref_gh = [0.01] + [0.05] * (small.num_layers - 2) + [0.1]
-    neo_a100 = [0.02] + [0.3] * (NEO.num_layers - 2) + [0.8]
-    measured = ProfileSet(
-        compute=(
-            profile(small.name, "A100-40", ref_a100),
-            profile(small.name, "GH200-96", ref_gh),
-            profile(NEO.name, "A100-40", neo_a100),
-        )
-    )
-    moved = transfer_profile(
-        NEO, "GH200-96", 1, 1, measured=measured, models={small.name: small, NEO.name: NEO}
-    )
-    assert moved is not None and moved.provenance.source == "estimated"
-    assert moved.forward_s[1] == pytest.approx(0.15)
-    assert moved.forward_s[-1] == pytest.approx(0.2)
-    assert moved.forward_s[0] == pytest.approx(0.02)  # embedding: same speed on both
-    assert "A100-40 x OPT-350M" in moved.provenance.note
-    # no reference measured at this point (TP 2): nothing to transfer
-    assert transfer_profile(NEO, "GH200-96", 2, 1, measured=measured, models={}) is None
-
-
-def test_complete_profiles_takes_the_mean_of_the_transfer_and_the_rescale() -> None:
-    ref = [0.01] + [0.1] * (OPT.num_layers - 2) + [0.4]
-    neo_a100 = [0.02] + [0.3] * (NEO.num_layers - 2) + [0.8]
-    measured = ProfileSet(
-        compute=(
-            profile(OPT.name, "A100-40", ref),
-            profile(OPT.name, "GH200-96", [t / 2 for t in ref]),
-            profile(NEO.name, "A100-40", neo_a100),
-        )
-    )
-    done = complete_profiles(NEO, ["GH200-96"], [1], [1], measured=measured, catalog=CATALOG)
-    found = done.compute_profile(NEO.name, "GH200-96", 1, 1)
-    assert found is not None and found.provenance.tool == "sailplan-transfer-rescale"
-    # the transfer halves Neo's A100 block (OPT-350M's GH200 / A100 ratio); the rescale
-    # takes the roofline's Neo block at the level GH200 measured for OPT-350M's blocks
-    gh200 = CATALOG.gpu("GH200-96")
-    roof_neo = estimate_compute_profile(NEO, gh200, 1, 1)
-    roof_opt = estimate_compute_profile(OPT, gh200, 1, 1)
-    level = (0.05 * (OPT.num_layers - 2)) / sum(roof_opt.forward_s[1:-1])
-    rescaled = roof_neo.forward_s[1] * level
-    assert found.forward_s[1] == pytest.approx(math.sqrt(0.15 * rescaled))
-    # one method reaching alone is used alone: no GH200 reference at TP 2 -> transfer
-    # impossible too, so the roofline
-    alone = complete_profiles(NEO, ["GH200-96"], [2], [1], measured=measured, catalog=CATALOG)
-    roof = alone.compute_profile(NEO.name, "GH200-96", 2, 1)
-    assert roof is not None and roof.provenance.tool == "sailplan-roofline"
 
 
 # -- the importer rejects a profile that cannot be its folder's model ---------------------

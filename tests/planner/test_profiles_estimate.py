@@ -16,8 +16,8 @@ from sailplan.planner.profiles.estimate import (
     complete_profiles,
     estimate_compute_profile,
     fit_calibration,
-    layer_forward_flops,
 )
+from sailplan.planner.profiles.flops import layer_forward_flops
 from sailplan.planner.profiles.sailor import import_artifact
 from sailplan.planner.profiles.types import (
     BandwidthCurve,

@@ -6,14 +6,12 @@ level per layer kind and direction; expectations are computed from the roofline 
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from sailplan.planner.catalog import default_catalog
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.profiles.estimate import estimate_compute_profile
-from sailplan.planner.profiles.rescale import combine, rescale_profile
+from sailplan.planner.profiles.rescale import rescale_profile
 from sailplan.planner.profiles.types import ComputeProfile, ProfileSet, Provenance
 
 CATALOG = default_catalog()
@@ -92,13 +90,3 @@ def test_two_references_give_their_geometric_mean() -> None:
     )
     assert found is not None
     assert found.forward_s[3] == pytest.approx(2.0 * roofline(NEO, 1, 2).forward_s[3])
-
-
-def test_combine_is_the_layerwise_geometric_mean_and_keeps_a_measured_update() -> None:
-    a = measured(NEO, 1.0, update=0.0)  # an optimizer step recorded as 0 (A100-80)
-    b = measured(NEO, 4.0, update=0.003)
-    both = combine(a, b)
-    assert both.forward_s[2] == pytest.approx(2.0 * a.forward_s[2])
-    assert both.backward_s[-1] == pytest.approx(math.sqrt(a.backward_s[-1] * b.backward_s[-1]))
-    assert both.update_s[4] == pytest.approx(0.003)
-    assert both.provenance.source == "estimated"
