@@ -82,6 +82,7 @@ from sailplan.operator.replan.state import (
     PHASE_SUSPENDED,
     PHASE_SWITCHING,
     ReplanState,
+    SwitchRecord,
 )
 from sailplan.operator.search import Planner, PlannerAnswer, SearchFailed, Searching
 from sailplan.planner.api import Infeasible, PlanRequest
@@ -893,9 +894,7 @@ class _Applied:
     delete: list[str] = field(default_factory=list)
     annotate: list[tuple[str, dict[str, str]]] = field(default_factory=list)
     events: list[KubeEvent] = field(default_factory=list)
-    history: list[PlanHistoryEntry] = field(default_factory=list)
     created_plans: dict[int, Plan] = field(default_factory=dict)
-    preemptions: int = 0
     render_problem: str = ""
 
 
@@ -937,13 +936,22 @@ def _perform(
                     )
                 )
                 done.events += _ignored_event(children)
-        elif isinstance(action, machine.RecordHistory):
-            done.history.append(machine.history_entry(action.record))
-            if action.record.trigger in (triggers.WORKER_PREEMPTED, triggers.NODE_LOST):
-                done.preemptions += 1
         elif isinstance(action, machine.EmitEvent):
             done.events.append(action.event)
     return done
+
+
+def _with_switch_recorded(
+    history: tuple[PlanHistoryEntry, ...], switch: SwitchRecord | None
+) -> tuple[tuple[PlanHistoryEntry, ...], int]:
+    """`history` with the switch the replan state holds, unless an entry already has its
+    generation (each switch takes a new one), and how many preemptions that adds (0 or 1).
+    The record comes from the job's memory, written before the status, so a crash between
+    the two writes records it on the next pass instead of losing it."""
+    if switch is None or any(h.generation == switch.to_generation for h in history):
+        return history, 0
+    preempted = switch.trigger in (triggers.WORKER_PREEMPTED, triggers.NODE_LOST)
+    return (*history, machine.history_entry(switch)), int(preempted)
 
 
 def _ignored_event(children: Children) -> list[KubeEvent]:
@@ -1040,7 +1048,8 @@ def _run(
                 predicted_samples_per_second=summary.predicted_samples_per_second,
             ),
         )
-    history = (*history, *done.history)[-api.MAX_HISTORY :]
+    history, preempted = _with_switch_recorded(history, state.switch)
+    history = history[-api.MAX_HISTORY :]
 
     desired = len(current_plan.workers()) if current_plan is not None else 0
     phases = [p.phase for p in mine.values()]
@@ -1102,7 +1111,7 @@ def _run(
             "history": history,
             "attempt": state.attempt,
             "restarts": state.failures.restarts,
-            "preemptions": status.preemptions + done.preemptions,
+            "preemptions": status.preemptions + preempted,
             "workers": counts,
             "progress": progress,
         }

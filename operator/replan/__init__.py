@@ -18,8 +18,8 @@ How to call this from the TrainingJob reconcile (once a plan generation exists):
     state = job.memory.replan or machine.initial_state(job, gen, attempt, plan,
     #                                      cluster=<snapshot planned on>, measured=...)
     state, actions = machine.next_state(state, inputs, now, ReplanContext(make_plan, catalog))
-    # 1. memory.replan = state (the state ConfigMap); status: history
-    #    (RecordHistory -> machine.history_entry),
+    # 1. memory.replan = state (the state ConfigMap); status: history gets
+    #    machine.history_entry(state.switch) once (when no entry has its generation),
     #    condition machine.replanning_condition(state, job.generation), phase Replanning
     #    while state.phase is Draining/Switching/Waiting;
     # 2. perform the actions (annotate, delete, create with 409 = done, Events).

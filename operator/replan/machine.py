@@ -16,9 +16,10 @@ deletes every pod and holds none; resuming replans from nothing, like capacity r
 
 Pure and deterministic: the same state and inputs give the same result, and every action
 is safe to repeat (annotate to a fixed value, delete what exists, create by fixed name
-with 409 = done). The caller writes the returned state (and the history records among
-the actions) to the job's status FIRST, then performs the actions; a crash in between
-replays them on the next pass. The cooldown only delays voluntary switches.
+with 409 = done). A switch's record rides in the state (`ReplanState.switch`): the caller
+adds it to status.history when the history lacks its generation, so a crash between
+writing the state and writing the status still records it on the next pass. The cooldown
+only delays voluntary switches.
 """
 
 from __future__ import annotations
@@ -83,18 +84,11 @@ class CreateChildren:
 
 
 @dataclass(frozen=True)
-class RecordHistory:
-    """Append to status.history (record.to_history_entry() fits today's CRD)."""
-
-    record: SwitchRecord
-
-
-@dataclass(frozen=True)
 class EmitEvent:
     event: KubeEvent
 
 
-Action = RequestCheckpoint | DeletePods | CreateChildren | RecordHistory | EmitEvent
+Action = RequestCheckpoint | DeletePods | CreateChildren | EmitEvent
 
 REASON_REPLANNING = "Replanning"
 REASON_REPLAN_SKIPPED = "ReplanSkipped"
@@ -412,6 +406,7 @@ def _replan(
             "not_before": None,
             "drain_checkpoint_step": inputs.last_checkpoint_step,
             "last_switch_time": now,
+            "switch": record,
         }
     )
     kind = "Warning" if trigger.involuntary else "Normal"
@@ -419,7 +414,7 @@ def _replan(
         f"{trigger.name}: {decision.reason}; generation {state.generation} -> {target} "
         f"({record.to_summary})"
     )
-    return new, [RecordHistory(record), EmitEvent(KubeEvent(kind, REASON_REPLANNING, text))]
+    return new, [EmitEvent(KubeEvent(kind, REASON_REPLANNING, text))]
 
 
 def _failed(

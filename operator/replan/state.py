@@ -94,6 +94,11 @@ class ReplanState(StatusModel):
     evaluated_spec: str = ""
     evaluated_profiles: str = ""
     failures: FailureBudget = FailureBudget()
+    switch: SwitchRecord | None = Field(
+        default=None,
+        description="the last switch started; the reconcile writes it to status.history "
+        "once, so a crash between the memory write and the status write loses no record",
+    )
 
     def target(self) -> Plan | None:
         return Plan.from_json(self.target_plan) if self.target_plan else None

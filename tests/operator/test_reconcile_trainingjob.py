@@ -320,6 +320,32 @@ def test_preemption_replans_at_once_without_using_a_restart(
     assert _reason(outcome.status, "Replanning") == ("True", "WorkerPreempted")
 
 
+def test_a_switch_whose_status_write_was_lost_is_recorded_once_on_the_next_pass(
+    job: TrainingJob, pools: tuple[GPUPool, ...], planner: RecordingPlanner, catalog: Catalog
+) -> None:
+    """The operator writes the job's memory, then its status. Killed between the two, the
+    next pass reads the new memory (a switch under way) with the old status: the switch
+    still reaches the history and the preemption count, once, however many passes follow."""
+    job, created = _running(job, pools, planner, catalog)
+    before = job.status
+    phases = {0: "Running", 1: "Running", 2: "Failed", 3: "Running"}
+    preempted = observe(job, pools, created, phases, frozenset({2}))
+    switched = reconcile(preempted, planner, catalog, NOW)
+    assert switched.memory is not None and switched.memory.replan is not None
+    # The memory landed, the status patch did not.
+    crashed = job.model_copy(update={"memory": switched.memory, "status": before})
+    later = NOW + timedelta(seconds=5)
+    resumed = reconcile(replace(preempted, job=crashed), planner, catalog, later)
+    assert [h.generation for h in resumed.status.history] == [1, 2]
+    assert resumed.status.history[-1].reason.startswith("WorkerPreempted")
+    assert resumed.status.preemptions == 1
+    again = reconcile(
+        replace(preempted, job=with_status(crashed, resumed)), planner, catalog, later
+    )
+    assert [h.generation for h in again.status.history] == [1, 2]
+    assert again.status.preemptions == 1
+
+
 def test_restarts_exhausted_fails_the_job(
     make_job: Callable[..., TrainingJob],
     pools: tuple[GPUPool, ...],

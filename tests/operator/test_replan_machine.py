@@ -163,11 +163,11 @@ def test_voluntary_switch_drains_then_switches(plan1: Plan) -> None:
     state, actions = replay(state, inputs, NOW)
     assert state.phase == "Draining" and state.target_generation == 2
     assert state.trigger == t.CAPACITY_ADDED
-    assert kinds(actions) == ["RecordHistory", "EmitEvent", "RequestCheckpoint"]
-    record = actions[0]
-    assert isinstance(record, m.RecordHistory) and record.record.predicted_gain is not None
-    assert record.record.predicted_gain >= 0.1
-    assert actions[2] == m.RequestCheckpoint(names(pods(job, plan1, 1)), 1)
+    assert kinds(actions) == ["EmitEvent", "RequestCheckpoint"]
+    record = state.switch
+    assert record is not None and (record.from_generation, record.to_generation) == (1, 2)
+    assert record.predicted_gain is not None and record.predicted_gain >= 0.1
+    assert actions[1] == m.RequestCheckpoint(names(pods(job, plan1, 1)), 1)
 
     # The annotation landed; no new checkpoint yet: nothing more to do, nothing repeated.
     for body in old:

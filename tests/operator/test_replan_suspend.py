@@ -91,8 +91,9 @@ def test_unsuspending_during_the_drain_replans_and_replaces_the_draining_workers
     assert (new.phase, new.trigger, new.target_generation) == ("Switching", t.RESUMED, 2)
     assert m.DeletePods(names(old)) in actions
     assert "CreateChildren" not in kinds(actions)
-    history = [a.record for a in actions if isinstance(a, m.RecordHistory)]
-    assert [(r.trigger, r.from_generation, r.to_generation) for r in history] == [(t.RESUMED, 1, 2)]
+    record = new.switch
+    assert record is not None
+    assert (record.trigger, record.from_generation, record.to_generation) == (t.RESUMED, 1, 2)
 
 
 def test_workers_that_never_ran_are_deleted_without_a_drain(plan1: Plan) -> None:
