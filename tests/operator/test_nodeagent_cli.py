@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -78,6 +80,18 @@ def test_the_module_entry_point_reports_missing_credentials_in_one_line(tmp_path
     )
 
 
+@pytest.fixture
+def root_logger_restored() -> Iterator[None]:
+    """main() configures the root logger with a handler on this test's captured stderr,
+    which pytest closes afterwards: later tests' log lines would hit a closed stream."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+@pytest.mark.usefixtures("root_logger_restored")
 def test_real_gpus_without_the_kubelets_socket_is_one_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
