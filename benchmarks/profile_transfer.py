@@ -7,7 +7,7 @@ from what is left, the roofline's calibration refitted without them throughout:
   reference model measured on both, from qualified pairs only (same tensor-core math, a
   ratio the datasheets explain: profiles.transfer);
 - anchored: at points no qualified pair measured, the roofline anchored to the transfer at
-  the nearest point it reaches (profiles.estimate.anchored_estimate);
+  the nearest point it reaches (profiles.estimate.MovedGrid.anchored);
 - rescale: the roofline scaled by what the GPU measured for other models of the family
   (profiles.rescale);
 - roofline: the FLOP roofline (profiles.estimate);
@@ -40,21 +40,18 @@ from pathlib import Path
 
 import numpy as np
 
-from sailplan.planner.catalog import Catalog, CatalogError, GPUSpec, default_catalog
+from sailplan.planner.catalog import Catalog, CatalogError, default_catalog
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.profiles.estimate import (
     DEFAULT_CALIBRATION,
-    Calibration,
-    anchored_estimate,
+    MovedGrid,
     complete_profiles,
     estimate_compute_profile,
     fit_calibration,
-    grid_distance,
 )
-from sailplan.planner.profiles.rescale import rescale_profile
 from sailplan.planner.profiles.sailor import import_artifact, import_compute
 from sailplan.planner.profiles.tp_consistency import consistent_in_tensor_parallel
-from sailplan.planner.profiles.transfer import PLAUSIBLE_RATIO_MARGIN, transfer_profile
+from sailplan.planner.profiles.transfer import PLAUSIBLE_RATIO_MARGIN
 from sailplan.planner.profiles.types import ComputeProfile, ProfileSet
 
 ARTIFACT = Path(__file__).resolve().parents[2] / "shared" / "reference" / "sailor-artifact"
@@ -115,57 +112,17 @@ def main() -> int:
         fitted = fit_calibration(rest, catalog, models)
         calibration = fitted[gpu][0] if gpu in fitted else DEFAULT_CALIBRATION
 
-        def roofline(
-            m: ModelSpec, tp: int, mbs: int, spec: GPUSpec = spec, cal: Calibration = calibration
-        ) -> ComputeProfile:
-            return estimate_compute_profile(m, spec, tp, mbs, calibration=cal)
-
-        moves: dict[tuple[int, int], ComputeProfile | None] = {}
-
-        def move(
-            tp: int,
-            mbs: int,
-            case: tuple[ModelSpec, str, ProfileSet] = (model, gpu, rest),
-            cache: dict[tuple[int, int], ComputeProfile | None] = moves,
-        ) -> ComputeProfile | None:
-            if (tp, mbs) not in cache:
-                cache[tp, mbs] = transfer_profile(
-                    case[0],
-                    case[1],
-                    tp,
-                    mbs,
-                    measured=case[2],
-                    models=models,
-                    catalog=catalog,
-                    margin=args.margin,
-                )
-            return cache[tp, mbs]
-
-        elsewhere = {
-            (p.tensor_parallel, p.micro_batch_size)
-            for p in rest.compute
-            if p.model == model_name and not p.oom
-        }
+        moved_grid = MovedGrid(model, spec, rest, models, catalog, margin=args.margin)
         case: dict[str, list[float | None]] = {m: [] for m in methods}
         chain: list[ComputeProfile] = []
         for truth in hidden:
             tp, mbs = truth.tensor_parallel, truth.micro_batch_size
-            roof = roofline(model, tp, mbs)
-            moved = move(tp, mbs)
-            anchored = None
-            if moved is None:
-                for point in sorted(
-                    elsewhere - {(tp, mbs)}, key=lambda q: grid_distance(q, tp, mbs)
-                ):
-                    anchor = move(*point)
-                    if anchor is not None:
-                        anchored = anchored_estimate(
-                            model, spec, roof, anchor, calibration=calibration
-                        )
-                        break
-            rescaled = rescale_profile(
-                model, gpu, tp, mbs, measured=rest, models=models, roofline=roofline
+            roof = estimate_compute_profile(model, spec, tp, mbs, calibration=calibration)
+            moved = moved_grid.at(tp, mbs)
+            anchored = (
+                moved_grid.anchored(tp, mbs, calibration=calibration) if moved is None else None
             )
+            rescaled = moved_grid.rescaled(tp, mbs, calibration=calibration)
             chain.append(moved or anchored or rescaled or roof)
             found = {
                 "transfer": moved,

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -37,7 +37,7 @@ from sailplan.planner.profiles.cleaning import monotone_in_micro_batch
 from sailplan.planner.profiles.flops import layer_forward_flops
 from sailplan.planner.profiles.rescale import rescale_profile
 from sailplan.planner.profiles.tp_consistency import consistent_in_tensor_parallel
-from sailplan.planner.profiles.transfer import transfer_profile
+from sailplan.planner.profiles.transfer import PLAUSIBLE_RATIO_MARGIN, transfer_profile
 from sailplan.planner.profiles.types import (
     LINK_CLASSES,
     BandwidthCurve,
@@ -394,60 +394,119 @@ def anchored_estimate(
     )
 
 
-def _unmeasured_gpu_estimate(
-    model: ModelSpec,
-    gpu: GPUSpec,
+@dataclass
+class MovedGrid:
+    """The model's measurements on other GPUs moved to `gpu` (transfer.transfer_profile),
+    each grid point computed once: filling a grid asks for the same anchors at every point
+    the transfer does not reach."""
+
+    model: ModelSpec
+    gpu: GPUSpec
+    measured: ProfileSet
+    models: Mapping[str, ModelSpec]
+    catalog: Catalog
+    margin: float = PLAUSIBLE_RATIO_MARGIN
+    _moved: dict[tuple[int, int], ComputeProfile | None] = field(
+        default_factory=dict, init=False, repr=False
+    )
+
+    def at(self, tp: int, mbs: int) -> ComputeProfile | None:
+        """The transfer at (tp, mbs); None when no qualified pair measured it."""
+        if (tp, mbs) not in self._moved:
+            self._moved[tp, mbs] = transfer_profile(
+                self.model,
+                self.gpu.name,
+                tp,
+                mbs,
+                measured=self.measured,
+                models=self.models,
+                catalog=self.catalog,
+                margin=self.margin,
+            )
+        return self._moved[tp, mbs]
+
+    def anchored(
+        self,
+        tp: int,
+        mbs: int,
+        *,
+        optimizer: str = "adam",
+        calibration: Calibration | None = None,
+    ) -> ComputeProfile | None:
+        """The roofline at (tp, mbs) anchored to the transfer at the nearest other grid
+        point it reaches (grid_distance, anchored_estimate); None when it reaches none."""
+        elsewhere = {
+            (p.tensor_parallel, p.micro_batch_size)
+            for p in self.measured.compute
+            if p.model == self.model.name and p.gpu_type != self.gpu.name and not p.oom
+        } - {(tp, mbs)}
+        for point in sorted(elsewhere, key=lambda q: grid_distance(q, tp, mbs)):
+            anchor = self.at(*point)
+            if anchor is not None:
+                roofline = estimate_compute_profile(
+                    self.model, self.gpu, tp, mbs, optimizer=optimizer, calibration=calibration
+                )
+                return anchored_estimate(
+                    self.model,
+                    self.gpu,
+                    roofline,
+                    anchor,
+                    optimizer=optimizer,
+                    calibration=calibration,
+                )
+        return None
+
+    def rescaled(
+        self,
+        tp: int,
+        mbs: int,
+        *,
+        optimizer: str = "adam",
+        calibration: Calibration | None = None,
+    ) -> ComputeProfile | None:
+        """The roofline scaled by what `gpu` measured for other models of the model's
+        family (rescale.rescale_profile); None when it measured none."""
+        return rescale_profile(
+            self.model,
+            self.gpu.name,
+            tp,
+            mbs,
+            measured=self.measured,
+            models=self.models,
+            roofline=lambda m, t, b: estimate_compute_profile(
+                m, self.gpu, t, b, optimizer=optimizer, calibration=calibration
+            ),
+        )
+
+
+def unmeasured_gpu_estimate(
+    grid: MovedGrid,
     tp: int,
     mbs: int,
     *,
-    measured: ProfileSet,
-    models: dict[str, ModelSpec],
-    catalog: Catalog,
-    optimizer: str,
+    optimizer: str = "adam",
+    calibration: Calibration | None = None,
 ) -> ComputeProfile | None:
-    """A model never measured on `gpu`, in order of trust (benchmarks/profile_transfer.py
-    leaves each of the artifact's (model, GPU) out; docs/benchmarks.md):
+    """A model never measured on the grid's GPU, in order of trust
+    (benchmarks/profile_transfer.py leaves each of the artifact's (model, GPU) out;
+    docs/benchmarks.md):
 
     1. its measurement on another GPU scaled by a reference model's GPU ratio
        (transfer.transfer_profile, qualified pairs only);
     2. where no qualified pair has measured this point, the roofline anchored to that
-       transfer at the nearest grid point it reaches (anchored_estimate: the roofline says
-       how time changes with micro-batch size and TP, the transfer fixes the level);
-    3. the roofline scaled by what `gpu` measured for other models of its family
-       (rescale.rescale_profile), which assumes a GPU reaches the same share of the
-       roofline on every model: on the artifact's A100s GPT-Neo-2.7B reaches 2.3-2.6x the
-       share OPT-350M does, so it is the fallback, not a partner to average with;
+       transfer at the nearest grid point it reaches (MovedGrid.anchored: the roofline
+       says how time changes with micro-batch size and TP, the transfer fixes the level);
+    3. the roofline scaled by what the GPU measured for other models of its family
+       (MovedGrid.rescaled), which assumes a GPU reaches the same share of the roofline on
+       every model: on the artifact's A100s GPT-Neo-2.7B reaches 2.3-2.6x the share
+       OPT-350M does, so it is the fallback, not a partner to average with;
 
-    None when none of the three reaches."""
-    moved = transfer_profile(
-        model, gpu.name, tp, mbs, measured=measured, models=models, catalog=catalog
-    )
-    if moved is not None:
-        return moved
-    elsewhere = sorted(
-        {
-            (p.tensor_parallel, p.micro_batch_size)
-            for p in measured.compute
-            if p.model == model.name and p.gpu_type != gpu.name and not p.oom
-        }
-        - {(tp, mbs)},
-        key=lambda point: grid_distance(point, tp, mbs),
-    )
-    for other_tp, other_mbs in elsewhere:
-        anchor = transfer_profile(
-            model, gpu.name, other_tp, other_mbs, measured=measured, models=models, catalog=catalog
-        )
-        if anchor is not None:
-            roofline = estimate_compute_profile(model, gpu, tp, mbs, optimizer=optimizer)
-            return anchored_estimate(model, gpu, roofline, anchor, optimizer=optimizer)
-    return rescale_profile(
-        model,
-        gpu.name,
-        tp,
-        mbs,
-        measured=measured,
-        models=models,
-        roofline=lambda m, t, b: estimate_compute_profile(m, gpu, t, b, optimizer=optimizer),
+    None when none of the three reaches. `calibration` prices the roofline (None: the
+    GPU's shipped one)."""
+    return (
+        grid.at(tp, mbs)
+        or grid.anchored(tp, mbs, optimizer=optimizer, calibration=calibration)
+        or grid.rescaled(tp, mbs, optimizer=optimizer, calibration=calibration)
     )
 
 
@@ -467,7 +526,7 @@ def complete_profiles(
     (cleaning.monotone_in_micro_batch). Compute: each (GPU type, TP, micro-batch) with no
     profile for the model gets a roofline profile (TP degrees the model cannot split are
     skipped), anchored to the nearest measured point of the same GPU type when there is
-    one (anchored_estimate); with none on that GPU, _unmeasured_gpu_estimate (the model's
+    one (anchored_estimate); with none on that GPU, unmeasured_gpu_estimate (the model's
     measurement on another GPU moved by a reference's GPU ratio, else the roofline anchored
     to such a move, else the same-GPU rescale) where it reaches, else the bare roofline.
     The estimates' time x TP is then made non-decreasing in TP degree against each other
@@ -487,6 +546,7 @@ def complete_profiles(
     tps = sorted(set(tensor_parallel_degrees))
     mbss = sorted(set(micro_batch_sizes))
     compute: list[ComputeProfile] = []
+    moved_grids: dict[str, MovedGrid] = {}
     for gpu in gpus:
         spec = catalog.gpu(gpu)
         for tp in tps:
@@ -501,16 +561,10 @@ def complete_profiles(
                             model, spec, estimate, anchor, optimizer=optimizer
                         )
                     else:
-                        elsewhere = _unmeasured_gpu_estimate(
-                            model,
-                            spec,
-                            tp,
-                            mbs,
-                            measured=measured,
-                            models=models,
-                            catalog=catalog,
-                            optimizer=optimizer,
+                        moved = moved_grids.setdefault(
+                            gpu, MovedGrid(model, spec, measured, models, catalog)
                         )
+                        elsewhere = unmeasured_gpu_estimate(moved, tp, mbs, optimizer=optimizer)
                         estimate = elsewhere or estimate
                     compute.append(estimate)
     network: list[NetworkProfile] = []

@@ -39,7 +39,7 @@ and the roofline. Pure.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from sailplan.planner.catalog import Catalog, CatalogError, GPUSpec
 from sailplan.planner.modelspec import ModelSpec
@@ -130,7 +130,7 @@ def median_estimate(
     )
 
 
-def _reference_kinds(reference: ComputeProfile, models: dict[str, ModelSpec]) -> list[str]:
+def _reference_kinds(reference: ComputeProfile, models: Mapping[str, ModelSpec]) -> list[str]:
     spec = models.get(reference.model)
     layers = len(reference.forward_s)
     if spec is not None and spec.num_layers == layers:
@@ -147,7 +147,7 @@ def _matched_references(
     micro_batch_size: int,
     *,
     measured: ProfileSet,
-    models: dict[str, ModelSpec],
+    models: Mapping[str, ModelSpec],
     margin: float,
 ) -> list[tuple[ComputeProfile, ComputeProfile]]:
     """Per reference model: its (target GPU, source GPU) profiles at TP `tp` and at the
@@ -196,7 +196,7 @@ def transfer_profile(
     micro_batch_size: int,
     *,
     measured: ProfileSet,
-    models: dict[str, ModelSpec],
+    models: Mapping[str, ModelSpec],
     catalog: Catalog,
     margin: float = PLAUSIBLE_RATIO_MARGIN,
 ) -> ComputeProfile | None:

@@ -15,19 +15,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sailplan.planner.catalog import CatalogError, GPUSpec, default_catalog
+from sailplan.planner.catalog import CatalogError, default_catalog
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.profiles.estimate import (
     DEFAULT_CALIBRATION,
-    Calibration,
-    anchored_estimate,
+    MovedGrid,
     estimate_compute_profile,
     fit_calibration,
-    grid_distance,
+    unmeasured_gpu_estimate,
 )
-from sailplan.planner.profiles.rescale import rescale_profile
 from sailplan.planner.profiles.sailor import import_artifact
-from sailplan.planner.profiles.transfer import transfer_profile
 from sailplan.planner.profiles.types import ComputeProfile, ProfileSet
 
 ARTIFACT = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "sailor-artifact"
@@ -59,43 +56,14 @@ def test_the_shipped_chain_beats_the_chain_without_cross_gpu_information() -> No
         )
         fitted = fit_calibration(rest, catalog, models)
         calibration = fitted[gpu][0] if gpu in fitted else DEFAULT_CALIBRATION
-
-        def roofline(
-            m: ModelSpec, tp: int, mbs: int, spec: GPUSpec = spec, cal: Calibration = calibration
-        ) -> ComputeProfile:
-            return estimate_compute_profile(m, spec, tp, mbs, calibration=cal)
-
-        elsewhere = {
-            (p.tensor_parallel, p.micro_batch_size)
-            for p in rest.compute
-            if p.model == model_name and not p.oom
-        }
+        moved = MovedGrid(model, spec, rest, models, catalog)
         for truth in measured.compute:
             if truth.model != model_name or truth.gpu_type != gpu or truth.oom:
                 continue
             tp, mbs = truth.tensor_parallel, truth.micro_batch_size
-            roof = roofline(model, tp, mbs)
-            moved = transfer_profile(
-                model, gpu, tp, mbs, measured=rest, models=models, catalog=catalog
-            )
-            anchored = None
-            if moved is None:
-                for point in sorted(
-                    elsewhere - {(tp, mbs)}, key=lambda q: grid_distance(q, tp, mbs)
-                ):
-                    anchor = transfer_profile(
-                        model, gpu, *point, measured=rest, models=models, catalog=catalog
-                    )
-                    if anchor is not None:
-                        anchored = anchored_estimate(
-                            model, spec, roof, anchor, calibration=calibration
-                        )
-                        break
-            rescaled = rescale_profile(
-                model, gpu, tp, mbs, measured=rest, models=models, roofline=roofline
-            )
-            fallback = rescaled or roof
-            chosen = moved or anchored or fallback
+            roof = estimate_compute_profile(model, spec, tp, mbs, calibration=calibration)
+            fallback = moved.rescaled(tp, mbs, calibration=calibration) or roof
+            chosen = unmeasured_gpu_estimate(moved, tp, mbs, calibration=calibration) or roof
             shipped.append(error(chosen, truth))
             without.append(error(fallback, truth))
     assert len(shipped) > 150
