@@ -46,7 +46,6 @@ from sailplan.planner.profiles.estimate import (
     DEFAULT_CALIBRATION,
     MovedGrid,
     complete_profiles,
-    estimate_compute_profile,
     fit_calibration,
 )
 from sailplan.planner.profiles.sailor import import_artifact, import_compute
@@ -112,17 +111,17 @@ def main() -> int:
         fitted = fit_calibration(rest, catalog, models)
         calibration = fitted[gpu][0] if gpu in fitted else DEFAULT_CALIBRATION
 
-        moved_grid = MovedGrid(model, spec, rest, models, catalog, margin=args.margin)
+        moved_grid = MovedGrid(
+            model, spec, rest, models, catalog, margin=args.margin, calibration=calibration
+        )
         case: dict[str, list[float | None]] = {m: [] for m in methods}
         chain: list[ComputeProfile] = []
         for truth in hidden:
             tp, mbs = truth.tensor_parallel, truth.micro_batch_size
-            roof = estimate_compute_profile(model, spec, tp, mbs, calibration=calibration)
+            roof = moved_grid.roofline(model, tp, mbs)
             moved = moved_grid.at(tp, mbs)
-            anchored = (
-                moved_grid.anchored(tp, mbs, calibration=calibration) if moved is None else None
-            )
-            rescaled = moved_grid.rescaled(tp, mbs, calibration=calibration)
+            anchored = moved_grid.anchored(tp, mbs) if moved is None else None
+            rescaled = moved_grid.rescaled(tp, mbs)
             chain.append(moved or anchored or rescaled or roof)
             found = {
                 "transfer": moved,

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -398,7 +399,8 @@ def anchored_estimate(
 class MovedGrid:
     """The model's measurements on other GPUs moved to `gpu` (transfer.transfer_profile),
     each grid point computed once: filling a grid asks for the same anchors at every point
-    the transfer does not reach."""
+    the transfer does not reach. Rooflines are priced for `optimizer` with `calibration`
+    (None: the GPU's shipped one)."""
 
     model: ModelSpec
     gpu: GPUSpec
@@ -406,9 +408,26 @@ class MovedGrid:
     models: Mapping[str, ModelSpec]
     catalog: Catalog
     margin: float = PLAUSIBLE_RATIO_MARGIN
+    optimizer: str = "adam"
+    calibration: Calibration | None = None
     _moved: dict[tuple[int, int], ComputeProfile | None] = field(
         default_factory=dict, init=False, repr=False
     )
+
+    @cached_property
+    def _measured_elsewhere(self) -> frozenset[tuple[int, int]]:
+        """The (TP, micro-batch) points the model was measured at on other GPUs."""
+        return frozenset(
+            (p.tensor_parallel, p.micro_batch_size)
+            for p in self.measured.compute
+            if p.model == self.model.name and p.gpu_type != self.gpu.name and not p.oom
+        )
+
+    def roofline(self, model: ModelSpec, tp: int, mbs: int) -> ComputeProfile:
+        """`model`'s roofline profile on the grid's GPU (rescale.Roofline's shape)."""
+        return estimate_compute_profile(
+            model, self.gpu, tp, mbs, optimizer=self.optimizer, calibration=self.calibration
+        )
 
     def at(self, tp: int, mbs: int) -> ComputeProfile | None:
         """The transfer at (tp, mbs); None when no qualified pair measured it."""
@@ -425,45 +444,24 @@ class MovedGrid:
             )
         return self._moved[tp, mbs]
 
-    def anchored(
-        self,
-        tp: int,
-        mbs: int,
-        *,
-        optimizer: str = "adam",
-        calibration: Calibration | None = None,
-    ) -> ComputeProfile | None:
+    def anchored(self, tp: int, mbs: int) -> ComputeProfile | None:
         """The roofline at (tp, mbs) anchored to the transfer at the nearest other grid
         point it reaches (grid_distance, anchored_estimate); None when it reaches none."""
-        elsewhere = {
-            (p.tensor_parallel, p.micro_batch_size)
-            for p in self.measured.compute
-            if p.model == self.model.name and p.gpu_type != self.gpu.name and not p.oom
-        } - {(tp, mbs)}
+        elsewhere = self._measured_elsewhere - {(tp, mbs)}
         for point in sorted(elsewhere, key=lambda q: grid_distance(q, tp, mbs)):
             anchor = self.at(*point)
             if anchor is not None:
-                roofline = estimate_compute_profile(
-                    self.model, self.gpu, tp, mbs, optimizer=optimizer, calibration=calibration
-                )
                 return anchored_estimate(
                     self.model,
                     self.gpu,
-                    roofline,
+                    self.roofline(self.model, tp, mbs),
                     anchor,
-                    optimizer=optimizer,
-                    calibration=calibration,
+                    optimizer=self.optimizer,
+                    calibration=self.calibration,
                 )
         return None
 
-    def rescaled(
-        self,
-        tp: int,
-        mbs: int,
-        *,
-        optimizer: str = "adam",
-        calibration: Calibration | None = None,
-    ) -> ComputeProfile | None:
+    def rescaled(self, tp: int, mbs: int) -> ComputeProfile | None:
         """The roofline scaled by what `gpu` measured for other models of the model's
         family (rescale.rescale_profile); None when it measured none."""
         return rescale_profile(
@@ -473,20 +471,11 @@ class MovedGrid:
             mbs,
             measured=self.measured,
             models=self.models,
-            roofline=lambda m, t, b: estimate_compute_profile(
-                m, self.gpu, t, b, optimizer=optimizer, calibration=calibration
-            ),
+            roofline=self.roofline,
         )
 
 
-def unmeasured_gpu_estimate(
-    grid: MovedGrid,
-    tp: int,
-    mbs: int,
-    *,
-    optimizer: str = "adam",
-    calibration: Calibration | None = None,
-) -> ComputeProfile | None:
+def unmeasured_gpu_estimate(grid: MovedGrid, tp: int, mbs: int) -> ComputeProfile | None:
     """A model never measured on the grid's GPU, in order of trust
     (benchmarks/profile_transfer.py leaves each of the artifact's (model, GPU) out;
     docs/benchmarks.md):
@@ -501,13 +490,8 @@ def unmeasured_gpu_estimate(
        every model: on the artifact's A100s GPT-Neo-2.7B reaches 2.3-2.6x the share
        OPT-350M does, so it is the fallback, not a partner to average with;
 
-    None when none of the three reaches. `calibration` prices the roofline (None: the
-    GPU's shipped one)."""
-    return (
-        grid.at(tp, mbs)
-        or grid.anchored(tp, mbs, optimizer=optimizer, calibration=calibration)
-        or grid.rescaled(tp, mbs, optimizer=optimizer, calibration=calibration)
-    )
+    None when none of the three reaches."""
+    return grid.at(tp, mbs) or grid.anchored(tp, mbs) or grid.rescaled(tp, mbs)
 
 
 def complete_profiles(
@@ -562,9 +546,10 @@ def complete_profiles(
                         )
                     else:
                         moved = moved_grids.setdefault(
-                            gpu, MovedGrid(model, spec, measured, models, catalog)
+                            gpu,
+                            MovedGrid(model, spec, measured, models, catalog, optimizer=optimizer),
                         )
-                        elsewhere = unmeasured_gpu_estimate(moved, tp, mbs, optimizer=optimizer)
+                        elsewhere = unmeasured_gpu_estimate(moved, tp, mbs)
                         estimate = elsewhere or estimate
                     compute.append(estimate)
     network: list[NetworkProfile] = []

@@ -20,7 +20,6 @@ from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.profiles.estimate import (
     DEFAULT_CALIBRATION,
     MovedGrid,
-    estimate_compute_profile,
     fit_calibration,
     unmeasured_gpu_estimate,
 )
@@ -56,14 +55,14 @@ def test_the_shipped_chain_beats_the_chain_without_cross_gpu_information() -> No
         )
         fitted = fit_calibration(rest, catalog, models)
         calibration = fitted[gpu][0] if gpu in fitted else DEFAULT_CALIBRATION
-        moved = MovedGrid(model, spec, rest, models, catalog)
+        moved = MovedGrid(model, spec, rest, models, catalog, calibration=calibration)
         for truth in measured.compute:
             if truth.model != model_name or truth.gpu_type != gpu or truth.oom:
                 continue
             tp, mbs = truth.tensor_parallel, truth.micro_batch_size
-            roof = estimate_compute_profile(model, spec, tp, mbs, calibration=calibration)
-            fallback = moved.rescaled(tp, mbs, calibration=calibration) or roof
-            chosen = unmeasured_gpu_estimate(moved, tp, mbs, calibration=calibration) or roof
+            roof = moved.roofline(model, tp, mbs)
+            fallback = moved.rescaled(tp, mbs) or roof
+            chosen = unmeasured_gpu_estimate(moved, tp, mbs) or roof
             shipped.append(error(chosen, truth))
             without.append(error(fallback, truth))
     assert len(shipped) > 150
