@@ -191,7 +191,7 @@ def train(plan: Any, steps: int, timeout_s: float) -> Measured:
             checkpoints_to_keep=1,
         )
         with UsedMemory() as used:
-            run = run_plan(plan, config, workdir, timeout_s=timeout_s)
+            run = run_plan(plan, config, workdir, timeout_s=timeout_s, fresh_interpreters=True)
     lines = [e for e in run.events if e["event"] == "step"]
     if len(lines) != steps:
         raise RuntimeError(f"the trainer reported {len(lines)} of {steps} steps")

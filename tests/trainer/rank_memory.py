@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from forked_workers import forkserver_context
 from torch.utils._pytree import tree_flatten
 
 from sailplan.planner.modelspec import ModelSpec
@@ -54,8 +55,12 @@ def free_port() -> int:
 def spawn(
     replica: Callable[..., None], tmp: Path, *args: Any, nprocs: int = REPLICAS
 ) -> list[dict[str, Any]]:
-    """Run `replica(rank, port, *args, tmp)` in `nprocs` processes; their reports."""
-    mp.start_processes(replica, args=(free_port(), *args, tmp), nprocs=nprocs, start_method="spawn")
+    """Run `replica(rank, port, *args, tmp)` in `nprocs` processes, forked from the server
+    that has imported torch and DeepSpeed once (forked_workers.py); their reports."""
+    forkserver_context()  # sets what the (shared) forkserver preloads before its first start
+    mp.start_processes(
+        replica, args=(free_port(), *args, tmp), nprocs=nprocs, start_method="forkserver"
+    )
     return [json.loads((tmp / f"rank-{r}.json").read_text()) for r in range(nprocs)]
 
 

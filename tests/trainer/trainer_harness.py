@@ -1,6 +1,8 @@
 """Run a plan the way the e2e harness runs pods: one `sailplan-train` process per worker.
 
-Each worker gets its own environment (the operator's pod contract from
+The workers are forked from a server that has imported the trainer once (forked_workers.py:
+the same entry point and environment as `python -m sailplan.trainer.train`, without its
+3.5 CPU s of imports per process). Each worker gets its own environment (the operator's pod contract from
 sailplan.planner.workerenv), the world rendezvous is on 127.0.0.1 at a free port, and rank
 0's stdout JSON lines are parsed into per-step losses. Shared by the trainer tests and the
 trainer benchmarks.
@@ -19,10 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from forked_workers import WorkerProcess, start_worker
+
 from sailplan.planner import workerenv as env
 from sailplan.planner.modelspec import ModelSpec
 from sailplan.planner.plan import Plan, Replica, Stage
 from sailplan.planner.workerenv import TrainerConfig
+
+# a worker process: forked (forked_workers.py) or a fresh interpreter
+Worker = WorkerProcess | subprocess.Popen[str]
 
 TINY = ModelSpec(
     name="tiny-gpt",
@@ -113,14 +120,19 @@ def start_workers(
     workdir: Path,
     generation: int = 0,
     podinfo_dir: Path | None = None,
-) -> list[subprocess.Popen[str]]:
+    *,
+    fresh_interpreters: bool = False,
+) -> list[Worker]:
+    """One process per worker of `plan`: forked from the preloaded server, or with
+    `fresh_interpreters` a new `python -m sailplan.trainer.train` each (on a GPU: the
+    server's imports may have initialised CUDA, which a forked child cannot use)."""
     workdir.mkdir(parents=True, exist_ok=True)
     plan_path = workdir / f"plan-{generation}.json"
     config_path = workdir / f"trainer-{generation}.json"
     plan_path.write_text(plan.to_json())
     config_path.write_text(config.model_dump_json())
     port = free_port()
-    processes = []
+    processes: list[Worker] = []
     for worker in plan.workers():
         worker_env = {
             **os.environ,
@@ -139,7 +151,11 @@ def start_workers(
             worker_env[env.PODINFO_DIR] = str(podinfo_dir)
         # stderr goes to a file: a pipe nobody drains while another worker is being waited
         # for could fill up and block that worker inside a collective
-        with (workdir / f"worker-{generation}-{worker.index}.err").open("w") as errors:
+        errors_path = workdir / f"worker-{generation}-{worker.index}.err"
+        if not fresh_interpreters:
+            processes.append(start_worker(worker_env, errors_path))
+            continue
+        with errors_path.open("w") as errors:
             processes.append(
                 subprocess.Popen(
                     [sys.executable, "-m", "sailplan.trainer.train"],
@@ -152,7 +168,7 @@ def start_workers(
     return processes
 
 
-def finish(processes: list[subprocess.Popen[str]], timeout_s: float = 240) -> Run:
+def finish(processes: list[Worker], timeout_s: float = 240) -> Run:
     deadline = time.monotonic() + timeout_s
     outputs: list[str] = []
     for process in processes:
@@ -168,9 +184,18 @@ def finish(processes: list[subprocess.Popen[str]], timeout_s: float = 240) -> Ru
 
 
 def run_plan(
-    plan: Plan, config: TrainerConfig, workdir: Path, generation: int = 0, timeout_s: float = 240
+    plan: Plan,
+    config: TrainerConfig,
+    workdir: Path,
+    generation: int = 0,
+    timeout_s: float = 240,
+    *,
+    fresh_interpreters: bool = False,
 ) -> Run:
-    run = finish(start_workers(plan, config, workdir, generation), timeout_s)
+    workers = start_workers(
+        plan, config, workdir, generation, fresh_interpreters=fresh_interpreters
+    )
+    run = finish(workers, timeout_s)
     if any(run.returncodes):
         errors = [p.read_text() for p in sorted(workdir.glob(f"worker-{generation}-*.err"))]
         raise AssertionError(f"workers failed {run.returncodes}:\n" + "\n".join(errors))
@@ -218,7 +243,7 @@ def plan_losses(
     return step_losses(plan, trainer_config(tmp, steps, zero_stage=zero_stage), tmp)
 
 
-def wait_for_step(process: subprocess.Popen[str], step: int, timeout_s: float = 120) -> list[str]:
+def wait_for_step(process: Worker, step: int, timeout_s: float = 120) -> list[str]:
     """Read rank 0's stdout until it reports `step`; returns the lines read."""
     assert process.stdout is not None
     deadline = time.monotonic() + timeout_s
@@ -235,7 +260,7 @@ def wait_for_step(process: subprocess.Popen[str], step: int, timeout_s: float = 
     raise AssertionError(f"rank 0 never reached step {step}: {lines}")
 
 
-def sigterm(process: subprocess.Popen[str]) -> None:
+def sigterm(process: Worker) -> None:
     process.send_signal(signal.SIGTERM)
 
 
