@@ -8,13 +8,11 @@ for a broken configuration, and the same losses for a run.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from forked_workers import start_worker
-from trainer_harness import TINY, make_plan, run_plan, trainer_config
+from trainer_harness import TINY, make_plan, run_fresh, run_plan, trainer_config
 
 from sailplan.planner import workerenv as env
 
@@ -27,14 +25,7 @@ def test_a_broken_configuration_ends_a_forked_worker_as_it_ends_a_fresh_one(
         env.PLAN_PATH: str(tmp_path / "nope.json"),
         env.WORKER_INDEX: "0",
     }
-    fresh = subprocess.run(
-        [sys.executable, "-m", "sailplan.trainer.train"],
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    fresh = run_fresh(environment)
     forked = start_worker(environment, tmp_path / "forked.err")
     stdout, _ = forked.communicate(timeout=120)
     assert fresh.returncode == 2  # the CLI's contract (test_train_cli.py)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
-from trainer_harness import TINY, make_plan
+from trainer_harness import TINY, make_plan, run_fresh
 
 from sailplan.planner import workerenv as env
 from sailplan.planner.workerenv import TrainerConfig
@@ -24,14 +23,7 @@ def _run(tmp_path: Path, **overrides: str) -> subprocess.CompletedProcess[str]:
         env.WORKER_INDEX: "0",
         **overrides,
     }
-    return subprocess.run(
-        [sys.executable, "-m", "sailplan.trainer.train"],
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_fresh(environment)
 
 
 def test_missing_plan_file(tmp_path: Path) -> None:

@@ -13,13 +13,18 @@ samples 5/3 times the others' and move the loss by far more after one Adam step.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Literal
 
 import pytest
-from trainer_harness import TINY, make_plan, plan_losses, step_losses, trainer_config
+from trainer_harness import (
+    TINY,
+    make_plan,
+    plan_losses,
+    run_fresh,
+    step_losses,
+    trainer_config,
+)
 
 from sailplan.planner import workerenv as env
 from sailplan.planner.plan import Plan
@@ -98,18 +103,13 @@ def test_zero2_refuses_an_uneven_split(tmp_path: Path) -> None:
     config_path.write_text(
         TrainerConfig(steps=1, checkpoint_dir=str(tmp_path), zero_stage=2).model_dump_json()
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "sailplan.trainer.train"],
-        env={
+    result = run_fresh(
+        {
             **os.environ,
             env.PLAN_PATH: str(plan_path),
             env.TRAINER_CONFIG_PATH: str(config_path),
             env.WORKER_INDEX: "0",
-        },
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+        }
     )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()

@@ -2,8 +2,8 @@
 
 The workers are forked from a server that has imported the trainer once (forked_workers.py:
 the same entry point and environment as `python -m sailplan.trainer.train`, without its
-3.5 CPU s of imports per process). Each worker gets its own environment (the operator's pod contract from
-sailplan.planner.workerenv), the world rendezvous is on 127.0.0.1 at a free port, and rank
+3.5 CPU s of imports per process). Each worker gets its own environment (the operator's pod
+contract from sailplan.planner.workerenv), the world rendezvous is on 127.0.0.1 at a free port, and rank
 0's stdout JSON lines are parsed into per-step losses. Shared by the trainer tests and the
 trainer benchmarks.
 """
@@ -30,6 +30,18 @@ from sailplan.planner.workerenv import TrainerConfig
 
 # a worker process: forked (forked_workers.py) or a fresh interpreter
 Worker = WorkerProcess | subprocess.Popen[str]
+
+# what a pod runs: the trainer's entry point in a fresh interpreter
+FRESH_TRAINER = [sys.executable, "-m", "sailplan.trainer.train"]
+
+
+def run_fresh(environment: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """FRESH_TRAINER under `environment` (all of it, as Popen's env=) to its exit within
+    120 s, stdout and stderr captured: how the CLI's tests run one worker."""
+    return subprocess.run(
+        FRESH_TRAINER, env=environment, capture_output=True, text=True, timeout=120, check=False
+    )
+
 
 TINY = ModelSpec(
     name="tiny-gpt",
@@ -158,7 +170,7 @@ def start_workers(
         with errors_path.open("w") as errors:
             processes.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "sailplan.trainer.train"],
+                    FRESH_TRAINER,
                     env=worker_env,
                     stdout=subprocess.PIPE,
                     stderr=errors,
