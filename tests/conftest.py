@@ -21,6 +21,10 @@ The binaries are built, when missing, after collection and only if a collected t
 `cluster`: in a background thread while the tests that need no cluster run (they are ordered
 first), and waited for before the first cluster test's timeout starts, so pytest-timeout does
 not cut a first 20-minute build short and a cold machine spends the build time testing.
+
+Under pytest-xdist (`-n auto`, the README's test command; `--dist loadgroup` is in addopts)
+all cluster tests form one group that one worker runs in order, against the one cluster of
+that worker's process, and builds the binaries before, while the other workers run the rest.
 """
 
 from __future__ import annotations
@@ -58,7 +62,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 CLUSTER_FIXTURES = frozenset({"kubeconfig", "k8s_api", "namespace", "local_cluster"})
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+# tryfirst: pytest-xdist's own hook turns the xdist_group marks into node ids, after this one.
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # A test that uses a cluster fixture needs the cluster even if its author forgot the
     # marker: mark it, so `-m "not cluster"` deselects it and the build hook sees it.
     for item in items:
@@ -67,6 +73,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Tests without a cluster first (a stable sort keeps each group's order): on a machine
     # without the binaries they run while the build does.
     items.sort(key=lambda item: item.get_closest_marker("cluster") is not None)
+    # An xdist worker sees `loadgroup` (it resets `dist` to "no" for itself).
+    if config.getoption("loadgroup", False):
+        _group_for_xdist(items)
+
+
+def _group_for_xdist(items: list[pytest.Item]) -> None:
+    """Under `pytest -n N` (pytest-xdist, `--dist loadgroup`): every cluster test in one
+    group, every other test with its module.
+
+    The cluster tests mostly wait on the API server, the operator and kwok's simulated
+    kubelets, and they share one session cluster, so one worker runs them all, in order, while
+    the others run the CPU-bound tests beside it; xdist hands out the largest group first, so
+    that worker starts on them at once. A module stays on one worker so its module-scoped
+    fixtures (searched plans, trained checkpoints) are built once.
+    """
+    for item in items:
+        if item.get_closest_marker("cluster") is not None:
+            group = "cluster"
+        else:
+            group = item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 class _BackgroundBuild:
@@ -75,45 +102,55 @@ class _BackgroundBuild:
     def __init__(self) -> None:
         self.messages: list[str] = []
         self._thread: threading.Thread | None = None
-        self._session_start = time.monotonic()
         self._first_cluster_test_seen = False
+        self._build_at_first_cluster_test = False
 
-    def start(self) -> None:
+    def _build(self) -> None:
         from sailplan_dev.localcluster import build
 
-        def run() -> None:
-            try:
-                build.build(log=self.messages.append)
-            except build.BuildError as error:
-                # The cluster tests then error with "binaries not built"; the cause is printed.
-                self.messages.append(f"build failed: {error}")
+        try:
+            build.build(log=self.messages.append)
+        except build.BuildError as error:
+            # The cluster tests then error with "binaries not built"; the cause is printed.
+            self.messages.append(f"build failed: {error}")
 
-        self._thread = threading.Thread(target=run, name="local-cluster-build", daemon=True)
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._build, name="local-cluster-build", daemon=True)
         self._thread.start()
 
-    def wait(self, reporter: Any) -> None:
-        """Before the first cluster test: wait for the build, say how long testing overlapped it."""
+    def defer(self) -> None:
+        """Build before the first cluster test instead (an xdist worker: the other workers
+        run the tests that need no cluster meanwhile, and only the worker that gets the
+        cluster group builds)."""
+        self._build_at_first_cluster_test = True
+
+    def wait(self) -> list[str]:
+        """Before the first cluster test: wait for the build; lines that say how long testing
+        overlapped it (none after the first call)."""
         if self._first_cluster_test_seen:
-            return
+            return []
         self._first_cluster_test_seen = True
-        testing = time.monotonic() - self._session_start
-        waited = 0.0
+        testing = time.monotonic() - _SESSION_START
+        start = time.monotonic()
+        if self._build_at_first_cluster_test:
+            self._build()
         if self._thread is not None:
-            start = time.monotonic()
             self._thread.join()
             self._thread = None
-            waited = time.monotonic() - start
-        if reporter is not None:
-            reporter.write_line("")
-            for message in self.messages:
-                reporter.write_line(f"[local cluster] {message}")
-            reporter.write_line(
-                f"[local cluster] first cluster test after {testing:.0f} s of tests without one "
-                f"and {waited:.0f} s waiting for the build"
-            )
+        waited = time.monotonic() - start
+        return [
+            *(f"[local cluster] {message}" for message in self.messages),
+            f"[local cluster] first cluster test after {testing:.0f} s of tests without one "
+            f"in this process and {waited:.0f} s waiting for the build",
+        ]
 
 
+_SESSION_START = time.monotonic()
 _BUILD = _BackgroundBuild()
+
+
+def _xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -127,6 +164,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
     if not build.missing_binaries() or not build.go_available():
         return
+    if _xdist_worker(session.config):
+        _BUILD.defer()
+        return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_line(
@@ -136,12 +176,107 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     _BUILD.start()
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """pytest-xdist, on the controller: refuse to run ungrouped tests.
+
+    A worker carries a test's group in its node id ("...::test@cluster"). Where it cannot
+    (pytest-xdist#1386: pytest 9.2 ignores the change), the cluster tests would be spread over
+    the workers, each starting its own cluster on two cores: stop before that, saying why.
+    """
+    if node.config.getvalue("dist") != "loadgroup":
+        return
+    ungrouped = [nodeid for nodeid in ids if "@" not in nodeid.rsplit("]", 1)[-1]]
+    if ungrouped:
+        pytest.exit(
+            f"pytest-xdist did not group {ungrouped[0]} into its xdist_group "
+            "(pytest-xdist#1386, pytest 9.2): install the test extra's pins "
+            "(pip install -e './dev[test]'), or run without -n",
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )
+
+
+class _ClusterTestSpan:
+    """When this process ran its cluster tests: on a machine without the binaries the run's
+    critical path is the build and then these tests, so CI's log says where they fell."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first_start = 0.0
+        self.last_end = 0.0
+
+    def record(self, start: float, end: float) -> None:
+        if self.count == 0:
+            self.first_start = start - _SESSION_START
+        self.count += 1
+        self.last_end = end - _SESSION_START
+
+    def lines(self) -> list[str]:
+        if self.count == 0:
+            return []
+        return [
+            f"[local cluster] {self.count} cluster tests ran from {self.first_start:.0f} s to "
+            f"{self.last_end:.0f} s after this process started"
+        ]
+
+
+_CLUSTER_TESTS = _ClusterTestSpan()
+# Summary lines: this process's, then (on an xdist controller) each worker's.
+_SUMMARY: list[str] = []
+
+
+# Niceness of an xdist worker's tests that need no cluster, above the cluster tests' 0.
+TESTS_WITHOUT_CLUSTER_NICENESS = 5
+
+
+def _lower_priority() -> None:
+    """In an xdist worker, before a test that needs no cluster.
+
+    The run's critical path is the local cluster's build (on a machine without the binaries)
+    and then the cluster tests, which one worker runs in order and which time out if their
+    API server, operator and kwok starve; the CPU-bound tests beside them only have to end
+    by then. Processes started afterwards (trainer ranks, the forkserver) inherit it. The
+    cluster worker lowers itself only once its cluster tests are done, as they come first.
+    """
+    if os.getpriority(os.PRIO_PROCESS, 0) < TESTS_WITHOUT_CLUSTER_NICENESS:
+        os.setpriority(os.PRIO_PROCESS, 0, TESTS_WITHOUT_CLUSTER_NICENESS)
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
     # Outermost wrapper, so the wait comes before pytest-timeout's timer starts.
-    if item.get_closest_marker("cluster") is not None:
-        _BUILD.wait(item.config.pluginmanager.get_plugin("terminalreporter"))
-    return (yield)
+    if item.get_closest_marker("cluster") is None:
+        if _xdist_worker(item.config):
+            _lower_priority()
+        return (yield)
+    _SUMMARY.extend(_BUILD.wait())
+    start = time.monotonic()
+    try:
+        return (yield)
+    finally:
+        _CLUSTER_TESTS.record(start, time.monotonic())
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _xdist_worker(session.config):
+        # A worker's terminal is not shown: the controller prints these at its end.
+        session.config.workeroutput["local_cluster"] = [  # type: ignore[attr-defined]
+            *_SUMMARY,
+            *_CLUSTER_TESTS.lines(),
+        ]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """pytest-xdist, on the controller: keep what a worker said about the build and its
+    cluster tests for the summary."""
+    lines = getattr(node, "workeroutput", {}).get("local_cluster", [])
+    _SUMMARY.extend(f"{line} ({node.gateway.id})" for line in lines)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for line in [*_SUMMARY, *_CLUSTER_TESTS.lines()]:
+        terminalreporter.write_line(line)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -147,7 +147,7 @@ def test_readme_states_the_install_and_test_commands_of_ci() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     install = re.search(r"^python -m pip install -q (-e .*)$", ci, re.M)
     assert install is not None, ".ci/run no longer installs with `pip install -q -e ...`"
-    assert ci.rstrip().splitlines()[-1] == "python -m pytest -q"
+    assert ci.rstrip().splitlines()[-1] == "python -m pytest -q -n auto"
     expected = [
         "pip",
         "install",
@@ -157,14 +157,16 @@ def test_readme_states_the_install_and_test_commands_of_ci() -> None:
         "-m",
         "pytest",
         "-q",
+        "-n",
+        "auto",
     ]
     readme_commands = [
         shlex.split(line)
         for line in README.read_text().splitlines()
-        if line.rstrip().endswith("python -m pytest -q")
+        if line.rstrip().endswith("python -m pytest -q -n auto")
     ]
     assert any(_contains(tokens, expected) for tokens in readme_commands), (
-        "README must install what .ci/run installs, then run `python -m pytest -q`"
+        "README must install what .ci/run installs, then run `python -m pytest -q -n auto`"
     )
 
 

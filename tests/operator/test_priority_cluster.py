@@ -43,6 +43,19 @@ def test_a_higher_priority_job_takes_the_gpus_of_a_lower_one_which_replans(
     custom = client.CustomObjectsApi(k8s_api)
     try:
         pool = gpupools(node_pool)
+        # The operator plans on the nodes it has seen: on a loaded machine a job created at
+        # once planned on one node's GPUs and held only that node.
+        wait_for(
+            "the operator to count both nodes' GPUs in the GPUPool",
+            lambda: (
+                (
+                    custom.get_cluster_custom_object(GROUP, VERSION, "gpupools", pool).get("status")
+                    or {}
+                ).get("gpusAllocatable")
+                == 8
+            ),
+            90,
+        )
         custom.create_namespaced_custom_object(
             GROUP,
             VERSION,
