@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from cluster_waits import priority_classes, wait_running  # noqa: F401 (a fixture)
 from kubernetes import client
-from test_autoscaled_pools_cluster import ZONE, grown_pool, release_then_reset
+from test_autoscaled_pools_cluster import ZONE, grown_pool, pool_status, release_then_reset
 from test_operator_cluster import get_job, job_body, pods_of
 from waiting import wait_for
 
@@ -47,13 +47,7 @@ def test_a_higher_priority_job_takes_the_gpus_of_a_lower_one_which_replans(
         # once planned on one node's GPUs and held only that node.
         wait_for(
             "the operator to count both nodes' GPUs in the GPUPool",
-            lambda: (
-                (
-                    custom.get_cluster_custom_object(GROUP, VERSION, "gpupools", pool).get("status")
-                    or {}
-                ).get("gpusAllocatable")
-                == 8
-            ),
+            lambda: pool_status(k8s_api, pool).get("gpusAllocatable") == 8,
             90,
         )
         custom.create_namespaced_custom_object(
