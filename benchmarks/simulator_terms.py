@@ -10,8 +10,8 @@ artifact's raw files, so a difference points at one modelling choice:
 
 - compute: forward + backward of one micro-batch through the stage's layers on its slowest
   replica (profile.json, micro-batch and TP of the plan);
-- update: the profile's optimizer-step column, one step for the whole model spread over
-  the layers by parameters (the column is one value repeated on every layer);
+- update: the profile's optimizer-step column added up over the stage's layers (each
+  entry is one layer's step: profiles/sailor.py);
 - p2p: one copy of the boundary activation (llm_info.json act_output of the stage's last
   layer, 16-bit, x micro-batch), sent as TP parts of 1/TP at once, at the rate of the het
   fit measured from the sender's VM (GPU type, GPUs per VM) to the receiver's, times the
@@ -138,16 +138,13 @@ class ByHand:
         stages, groups = pipe["layers_per_stage"], pipe["tmp_per_stage"]
         dp = len(groups[0])
         micro = gbs // (mbs * dp)
-        params = {int(k): v["params_floats"] for k, v in self.info["1"].items()}
-        total_params = sum(params.values())
         compute, update, tails = [], [], []
         for layers, replicas in zip(stages, groups, strict=True):
             t = u = 0.0
             for vms, tp in replicas:
                 table = self.layers(vms[0][0], mbs, tp)
                 t = max(t, sum(table[str(i)][0] + table[str(i)][1] for i in layers))
-                step = table["0"][2]
-                u = max(u, step * sum(params[i] for i in layers) / total_params)
+                u = max(u, sum(table[str(i)][2] for i in layers))
             compute.append(t)
             update.append(u)
             tails.append(self.allreduce(layers, replicas) + u)

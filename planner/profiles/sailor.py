@@ -171,7 +171,7 @@ def import_compute(
                             micro_batch_size=int(mbs_key),
                             forward_s=tuple(float(r[0]) for r in rows),
                             backward_s=tuple(float(r[1]) for r in rows),
-                            update_s=_update_per_layer(model, int(tp_key), rows),
+                            update_s=_update_per_layer(rows),
                             provenance=_provenance(path, gpu),
                         ),
                         model,
@@ -181,24 +181,24 @@ def import_compute(
     return profiles, skipped
 
 
-def _update_per_layer(model: ModelSpec, tp: int, rows: list[Any]) -> tuple[float, ...]:
-    """The optimizer-step column as per-layer seconds.
+def _update_per_layer(rows: list[Any]) -> tuple[float, ...]:
+    """The optimizer-step column as per-layer seconds: each entry as measured.
 
-    Sailor's profiler writes one step time on every layer (the artifact's columns are
-    constant, the embedding's entry equal to a block's though it holds ~4x the parameters)
-    and Sailor's simulator charges it once per stage. Adding it up per layer would charge a
-    stage one step per layer. The step streams every parameter's optimizer state, so it
-    is spread over the layers by their parameter counts: a stage pays its parameters' share
-    of the step, the whole model one step. A column that varies is per-layer already.
+    Sailor's profiler times one transformer block (its layers are identical, so it does not
+    profile them all) and writes that block's optimizer step on every layer: the
+    artifact's columns are constant. Each entry is one layer's step, not the whole
+    model's. The whole-model reading is below what memory allows on every GPU and model
+    of the artifact. Adam in fp32 streams 28 bytes per parameter (weights, gradients,
+    two moments read; weights and moments written). On GH200 (4.0 TB/s) that puts
+    OPT-350M's TP-4 step at 0.72 ms at least, against the 0.48 ms of one entry. OPT-30B's
+    TP-1 entry (18.7 ms) is 4.3x one of its blocks' floor, but 1/11 of the whole model's
+    (0.21 s); the whole model does not even fit on that GPU. Taken per layer, the entries
+    sum to 12.5 ms for OPT-350M at TP 4. The two single-node runs of the artifact that
+    differ only in their micro-batch count (1 and 32) put the per-iteration cost at
+    11.6 ms (tests/planner/test_profiles_sailor.py checks both).
+    Sailor's own simulator charges one entry per stage.
     """
-    update = [float(r[2]) for r in rows]
-    if len(update) < 2 or len(set(update)) != 1:
-        return tuple(update)
-    params = [model.layer_parameters(i, tp) for i in range(len(update))]
-    total = sum(params)
-    if total <= 0:
-        return tuple(update)
-    return tuple(update[0] * p / total for p in params)
+    return tuple(float(r[2]) for r in rows)
 
 
 # -- network -----------------------------------------------------------------------------
