@@ -19,8 +19,10 @@ with unique names, deleted after the test).
 
 The binaries are built, when missing, after collection and only if a collected test is marked
 `cluster`: in a background thread while the tests that need no cluster run (they are ordered
-first), and waited for before the first cluster test's timeout starts, so pytest-timeout does
-not cut a first 20-minute build short and a cold machine spends the build time testing.
+first). The control plane's groups are waited for before the first cluster test's timeout
+starts, so pytest-timeout does not cut a first 15-minute build short and a cold machine
+spends the build time testing; a test marked `go_build("helm")` (Helm, Karpenter, Kueue)
+waits for its group the same way, and such cluster tests run last.
 
 Under pytest-xdist (`-n auto`, the README's test command; `--dist loadgroup` is in addopts)
 all cluster tests form one group that one worker runs in order, against the one cluster of
@@ -71,8 +73,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.cluster)
     # Tests without a cluster first (a stable sort keeps each group's order): on a machine
-    # without the binaries they run while the build does.
-    items.sort(key=lambda item: item.get_closest_marker("cluster") is not None)
+    # without the binaries they run while the build does. Of the cluster tests, those that
+    # need a Go build group beyond the control plane (`go_build`) last, so the others start
+    # once the control plane is built.
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("cluster") is not None,
+            item.get_closest_marker("go_build") is not None,
+        )
+    )
     # An xdist worker sees `loadgroup` (it resets `dist` to "no" for itself).
     if config.getoption("loadgroup", False):
         _group_for_xdist(items)
@@ -97,52 +106,73 @@ def _group_for_xdist(items: list[pytest.Item]) -> None:
 
 
 class _BackgroundBuild:
-    """The local cluster's Go build, run beside the tests that need no cluster."""
+    """The local cluster's Go build, run beside the tests that need no cluster.
+
+    The cluster tests wait for the control plane's groups only (build.CLUSTER_GROUPS); a test
+    marked `go_build("karpenter")` waits for that group too (wait_for). Those tests run after
+    the other cluster tests (pytest_collection_modifyitems), so on a machine without the
+    binaries the cluster tests start while Helm, Karpenter and Kueue still build.
+    """
 
     def __init__(self) -> None:
         self.messages: list[str] = []
         self._thread: threading.Thread | None = None
+        self._active = False  # this session builds what is missing
         self._first_cluster_test_seen = False
         self._build_at_first_cluster_test = False
 
-    def _build(self) -> None:
+    def _build(self, groups: tuple[str, ...] | None = None) -> None:
         from sailplan_dev.localcluster import build
 
         try:
-            build.build(log=self.messages.append)
+            build.build(log=self.messages.append, groups=groups)
         except build.BuildError as error:
-            # The cluster tests then error with "binaries not built"; the cause is printed.
+            # The tests that need it then error or skip saying what is missing; the cause
+            # is printed in the summary.
             self.messages.append(f"build failed: {error}")
 
-    def start(self) -> None:
+    def _start_thread(self) -> None:
         self._thread = threading.Thread(target=self._build, name="local-cluster-build", daemon=True)
         self._thread.start()
+
+    def start(self) -> None:
+        self._active = True
+        self._start_thread()
 
     def defer(self) -> None:
         """Build before the first cluster test instead (an xdist worker: the other workers
         run the tests that need no cluster meanwhile, and only the worker that gets the
-        cluster group builds)."""
+        cluster group builds the control plane)."""
+        self._active = True
         self._build_at_first_cluster_test = True
 
     def wait(self) -> list[str]:
-        """Before the first cluster test: wait for the build; lines that say how long testing
-        overlapped it (none after the first call)."""
-        if self._first_cluster_test_seen:
+        """Before the first cluster test: wait for the control plane's groups; lines that
+        say how long testing overlapped the build (none after the first call)."""
+        if self._first_cluster_test_seen or not self._active:
             return []
+        from sailplan_dev.localcluster import build
+
         self._first_cluster_test_seen = True
         testing = time.monotonic() - _SESSION_START
         start = time.monotonic()
-        if self._build_at_first_cluster_test:
-            self._build()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        # Each group's file lock: this waits for a build of these groups already running
+        # (`.ci/run`'s, or this process's thread) or builds them.
+        self._build(build.CLUSTER_GROUPS)
         waited = time.monotonic() - start
+        if self._build_at_first_cluster_test:
+            # The rest beside the cluster tests that need none of it.
+            self._start_thread()
         return [
             *(f"[local cluster] {message}" for message in self.messages),
             f"[local cluster] first cluster test after {testing:.0f} s of tests without one "
-            f"in this process and {waited:.0f} s waiting for the build",
+            f"in this process and {waited:.0f} s waiting for the control plane's build",
         ]
+
+    def wait_for(self, groups: tuple[str, ...]) -> None:
+        """Before a test marked `go_build`: wait for (or build) its groups."""
+        if self._active:
+            self._build(groups)
 
 
 _SESSION_START = time.monotonic()
@@ -244,7 +274,10 @@ def _lower_priority() -> None:
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
-    # Outermost wrapper, so the wait comes before pytest-timeout's timer starts.
+    # Outermost wrapper, so the waits come before pytest-timeout's timer starts.
+    needs = item.get_closest_marker("go_build")
+    if needs is not None:
+        _BUILD.wait_for(tuple(needs.args))
     if item.get_closest_marker("cluster") is None:
         if _xdist_worker(item.config):
             _lower_priority()

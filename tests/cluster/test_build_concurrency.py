@@ -60,7 +60,7 @@ def test_groups_build_two_at_a_time_and_report_in_groups_order(
     assert all(result.built for result in results)
     assert recorder.most_at_once == build.CONCURRENT_GROUPS == 2
     # Taken in order: the trainer's gs:// tests wait for the first group only.
-    assert recorder.started[:2] == names[:2]
+    assert set(recorder.started[:2]) == set(names[:2])
 
 
 def test_a_failed_group_stops_the_groups_not_yet_started(
@@ -73,3 +73,71 @@ def test_a_failed_group_stops_the_groups_not_yet_started(
     # Each lane may take one more group before the failure is seen; none after that.
     assert len(recorder.started) <= 2 * build.CONCURRENT_GROUPS < len(names)
     assert names[-1] not in recorder.started
+
+
+def test_a_build_of_other_groups_does_not_wait_for_a_group_being_built(
+    recorder: _Recorder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cluster tests wait for the control plane's groups while `.ci/run`'s build goes on
+    to Kueue: each group has its own lock, so waiting for some is not waiting for all."""
+    last = build.GROUPS[-1].name
+    assert last not in build.CLUSTER_GROUPS
+    last_building, release_last = threading.Event(), threading.Event()
+
+    def build_group(group: build.Group, root: Path, env: dict[str, str], jobs: int) -> None:
+        if group.name == last:
+            last_building.set()
+            release_last.wait(10)
+        recorder(group, root, env, jobs)
+
+    monkeypatch.setattr(build, "_build_group", build_group)
+    other = threading.Thread(
+        target=lambda: build.build(root=tmp_path, log=lambda _: None, groups=(last,))
+    )
+    other.start()
+    try:
+        assert last_building.wait(10)
+        results: list[build.GroupResult] = []
+        waiting = threading.Thread(
+            target=lambda: results.extend(
+                build.build(root=tmp_path, log=lambda _: None, groups=build.CLUSTER_GROUPS)
+            )
+        )
+        waiting.start()
+        waiting.join(5)
+        # done while the other build still holds its group
+        assert not waiting.is_alive()
+        assert other.is_alive()
+        assert [r.group for r in results] == [
+            g.name for g in build.GROUPS if g.name in build.CLUSTER_GROUPS
+        ]
+    finally:
+        release_last.set()
+        other.join()
+
+
+def test_a_build_of_a_group_being_built_elsewhere_waits_for_it(
+    recorder: _Recorder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The waiting build takes the group's lock once the other build releases it, and then
+    finds the binaries up to date instead of building them again."""
+    group = build.CLUSTER_GROUPS[0]
+    built = threading.Event()
+    monkeypatch.setattr(build, "_up_to_date", lambda g, root: built.is_set())
+    holding = threading.Event()
+
+    def build_elsewhere() -> None:
+        with build.file_lock(build.group_lock(group, tmp_path)):
+            holding.set()
+            time.sleep(0.3)
+            built.set()
+
+    holder = threading.Thread(target=build_elsewhere)
+    holder.start()
+    assert holding.wait(10)
+    start = time.monotonic()
+    (result,) = build.build(root=tmp_path, log=lambda _: None, groups=(group,))
+    holder.join()
+    assert time.monotonic() - start >= 0.2
+    assert not result.built
+    assert recorder.started == []

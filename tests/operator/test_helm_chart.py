@@ -23,6 +23,10 @@ CHART = ROOT / "manifests" / "helm" / "sailplan"
 NAMESPACE = "sailplan-system"
 
 
+# helm and kubectl come from the local cluster build (tests/conftest.py waits for them).
+pytestmark = pytest.mark.go_build("helm", "kubernetes")
+
+
 def _tool(name: str, *args: str) -> subprocess.CompletedProcess[str]:
     binary = build.binary_path(name)
     if not binary.exists():

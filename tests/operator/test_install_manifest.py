@@ -21,6 +21,10 @@ HEADER = (
 )
 
 
+# kubectl comes from the local cluster build (tests/conftest.py waits for it).
+pytestmark = pytest.mark.go_build("kubernetes")
+
+
 def _kubectl(*args: str) -> subprocess.CompletedProcess[str]:
     binary = build.binary_path("kubectl")
     if not binary.exists():

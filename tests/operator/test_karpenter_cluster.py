@@ -44,7 +44,7 @@ from sailplan_dev.localcluster.karpenter_shapes import (
     without_offerings,
 )
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.go_build("karpenter")]
 
 ZONE = "us-central1-b"
 MACHINE = "a2-highgpu-4g"

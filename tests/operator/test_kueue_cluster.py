@@ -48,7 +48,7 @@ from sailplan.operator.reconcile import kueue
 from sailplan_dev.localcluster.kueue import Kueue
 from sailplan_dev.localcluster.nodes import node_manifest
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.go_build("kueue")]
 
 GPUS_PER_NODE = 4
 OTHER_ZONE = "us-central1-b"

@@ -23,6 +23,10 @@ NAMESPACE = "sailplan-system"
 AGENT = "sailplan-nodeagent"
 
 
+# helm and kubectl come from the local cluster build (tests/conftest.py waits for them).
+pytestmark = pytest.mark.go_build("helm", "kubernetes")
+
+
 def _tool(name: str, *args: str) -> str:
     binary = build.binary_path(name)
     if not binary.exists():

@@ -19,8 +19,9 @@ Layout (root = $SAILPLAN_CACHE, default ~/.cache/sailplan):
 
 The build is idempotent (a group whose binaries exist and report the pinned version is
 skipped), resumable (Go's build cache keeps finished packages; binaries are moved into bin/
-only once linked) and serialized by a file lock, so a CLI build and a test session can race.
-Two groups build at once (CONCURRENT_GROUPS).
+only once linked) and serialized per group by a file lock (group_lock), so a CLI build and a
+test session can race, and a test session can wait for the groups its next test needs while
+another build goes on. Two groups build at once (CONCURRENT_GROUPS).
 """
 
 from __future__ import annotations
@@ -136,6 +137,24 @@ GROUPS: tuple[Group, ...] = (
         ),
         template=None,
     ),
+    # Second: the longest build, on which the cluster tests wait (CLUSTER_GROUPS).
+    Group(
+        name="kubernetes",
+        module="k8s.io/kubernetes",
+        version=K8S_VERSION,
+        packages=tuple(
+            f"k8s.io/kubernetes/cmd/{cmd}"
+            for cmd in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+        ),
+        binaries=(
+            *(
+                Binary(name, ("--version",), f"Kubernetes {K8S_VERSION}")
+                for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+            ),
+            Binary("kubectl", ("version", "--client"), f"Client Version: {K8S_VERSION}"),
+        ),
+        template="kubernetes.go.mod.tmpl",
+    ),
     Group(
         name="etcd",
         module="go.etcd.io/etcd/server/v3",
@@ -154,23 +173,6 @@ GROUPS: tuple[Group, ...] = (
             Binary("kwokctl", ("--version",), KWOK_VERSION.lstrip("v")),
         ),
         template=None,
-    ),
-    Group(
-        name="kubernetes",
-        module="k8s.io/kubernetes",
-        version=K8S_VERSION,
-        packages=tuple(
-            f"k8s.io/kubernetes/cmd/{cmd}"
-            for cmd in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
-        ),
-        binaries=(
-            *(
-                Binary(name, ("--version",), f"Kubernetes {K8S_VERSION}")
-                for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
-            ),
-            Binary("kubectl", ("version", "--client"), f"Client Version: {K8S_VERSION}"),
-        ),
-        template="kubernetes.go.mod.tmpl",
     ),
     Group(
         name="helm",
@@ -253,9 +255,12 @@ GROUPS: tuple[Group, ...] = (
 )
 
 BINARY_NAMES: tuple[str, ...] = tuple(b.name for g in GROUPS for b in g.binaries)
-# What `LocalCluster.up` runs (kwokctl starts them); the rest are tools tests start themselves.
+# What `LocalCluster.up` runs (kwokctl starts them); the rest are tools tests start themselves
+# (tests/conftest.py waits for these groups before the first cluster test, for the others
+# before a test marked `go_build`).
+CLUSTER_GROUPS: tuple[str, ...] = ("kubernetes", "etcd", "kwok")
 CONTROL_PLANE_NAMES: tuple[str, ...] = tuple(
-    b.name for g in GROUPS if g.name in ("etcd", "kwok", "kubernetes") for b in g.binaries
+    b.name for g in GROUPS if g.name in CLUSTER_GROUPS for b in g.binaries
 )
 
 
@@ -411,6 +416,11 @@ def verify(binary: Binary, root: Path) -> bool:
     return binary.expect in proc.stdout + proc.stderr
 
 
+def group_lock(group: str, root: Path | None = None) -> Path:
+    """The file lock that serializes builds of one group across processes and threads."""
+    return (root or cache_root()) / "k8s" / K8S_VERSION / f"build-{group}.lock"
+
+
 @contextmanager
 def file_lock(path: Path) -> Iterator[None]:
     """Exclusive advisory lock on `path` (created), released on exit or process death."""
@@ -537,12 +547,16 @@ def build(
 
     def build_one(group: Group) -> GroupResult:
         start = time.monotonic()
-        if _up_to_date(group, root):
-            log(f"{group.name} {group.version}: up to date")
-            return GroupResult(group.name, False, time.monotonic() - start)
-        log(f"{group.name} {group.version}: building {', '.join(b.name for b in group.binaries)}")
-        _build_group(group, root, env, jobs)
-        bad = [b.name for b in group.binaries if not verify(b, root)]
+        # One lock per group: a build of other groups (a test waiting for the control plane
+        # while `.ci/run`'s build goes on to Kueue) does not wait for this one.
+        with file_lock(group_lock(group.name, root)):
+            if _up_to_date(group, root):
+                log(f"{group.name} {group.version}: up to date")
+                return GroupResult(group.name, False, time.monotonic() - start)
+            names = ", ".join(b.name for b in group.binaries)
+            log(f"{group.name} {group.version}: building {names}")
+            _build_group(group, root, env, jobs)
+            bad = [b.name for b in group.binaries if not verify(b, root)]
         if bad:
             raise BuildError(f"built {', '.join(bad)} but --version does not say {group.version}")
         seconds = time.monotonic() - start
@@ -550,10 +564,7 @@ def build(
         return GroupResult(group.name, True, seconds)
 
     # The Go module and build caches are safe for concurrent go commands (they lock).
-    with (
-        file_lock(root / "k8s" / K8S_VERSION / "build.lock"),
-        ThreadPoolExecutor(CONCURRENT_GROUPS, thread_name_prefix="go-build") as pool,
-    ):
+    with ThreadPoolExecutor(CONCURRENT_GROUPS, thread_name_prefix="go-build") as pool:
         futures = [pool.submit(build_one, group) for group in selected]
         try:
             return [future.result() for future in futures]
