@@ -141,3 +141,34 @@ def test_a_build_of_a_group_being_built_elsewhere_waits_for_it(
     assert time.monotonic() - start >= 0.2
     assert not result.built
     assert recorder.started == []
+
+
+@pytest.mark.parametrize(
+    ("group", "niced"),
+    [("kubernetes", False), ("fake-gcs-server", False), ("karpenter", True), ("kueue", True)],
+)
+def test_only_the_groups_the_last_tests_wait_for_build_at_a_lower_priority(
+    group: str, niced: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kubernetes is the cluster tests' critical path: what builds beside it yields."""
+    commands: list[list[str]] = []
+
+    class StopBuildError(Exception):
+        pass
+
+    def run(args: list[str], cwd: Path, env: dict[str, str]) -> str:
+        commands.append(args)
+        raise StopBuildError
+
+    monkeypatch.setattr(build, "_run", run)
+    monkeypatch.setattr(
+        build, "_module_info", lambda *args: {"GoMod": str(tmp_path / "go.mod"), "Dir": "."}
+    )
+    monkeypatch.setattr(build, "render_wrapper", lambda *args: "module wrapper\n")
+    (tmp_path / "go.mod").write_text("module m\n")
+    (chosen,) = (g for g in build.GROUPS if g.name == group)
+    with pytest.raises(StopBuildError):
+        build._build_group(chosen, tmp_path, {}, 2)
+    (first,) = commands
+    prefix = ["nice", "-n", str(build.LATE_GROUP_NICENESS), "go"]
+    assert first[: len(prefix)] == prefix if niced else first[0] == "go"
