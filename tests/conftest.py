@@ -206,20 +206,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     _BUILD.start()
 
 
-@pytest.hookimpl(optionalhook=True, tryfirst=True)
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
-    """`-n auto`: a worker per core for the tests that need no cluster, and one more for the
-    cluster tests, which mostly wait (on the API server, the operator, kwok, Karpenter) and
-    would otherwise leave a core idle for their 20 minutes. PYTEST_XDIST_AUTO_NUM_WORKERS
-    still decides where it is set (pytest-xdist's own hook reads it)."""
-    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
-        return None
-    cores = len(os.sched_getaffinity(0))
-    if "not cluster" in (config.getoption("markexpr", "") or ""):
-        return cores
-    return cores + 1
-
-
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
     """pytest-xdist, on the controller: refuse to run ungrouped tests.

@@ -436,10 +436,12 @@ def file_lock(path: Path) -> Iterator[None]:
 
 # Niceness of the go commands of Helm, Karpenter and Kueue, which only the tests that run last
 # wait for: on a machine without the binaries the cluster tests wait for Kubernetes, the
-# longest group, so the groups built beside it take only what it leaves (its serial steps,
-# the link). On an idle machine they run at full speed all the same. fake-gcs-server (one
-# minute, the trainer's gs:// tests wait for it) and the control plane keep the default.
-LATE_GROUP_NICENESS = 10
+# longest group, so the groups built beside it yield to it. The same niceness as the tests
+# that need no cluster (tests/conftest.py), which they share the CPU with once Kubernetes is
+# built: at 10 they starved and the last cluster tests waited for them. On an idle machine
+# they run at full speed all the same. fake-gcs-server (one minute, the trainer's gs://
+# tests wait for it) and the control plane keep the default.
+LATE_GROUP_NICENESS = 5
 
 
 def _build_group(group: Group, root: Path, env: dict[str, str], jobs: int) -> None:
