@@ -85,6 +85,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # An xdist worker sees `loadgroup` (it resets `dist` to "no" for itself).
     if config.getoption("loadgroup", False):
         _group_for_xdist(items)
+        items.sort(key=_xdist_group_rank)
+
+
+def _xdist_group_rank(item: pytest.Item) -> int:
+    """The order in which pytest-xdist hands out the groups (`--no-loadscope-reorder` in
+    addopts keeps the collection's): the cluster tests first, as one worker runs them all
+    beside the others; then the trainer's modules, whose tests each train in several
+    processes for up to minutes; then the rest, many short modules, which both workers
+    share at the end once the cluster tests are done. xdist's own order (by the number of
+    tests in a group) left a long trainer module for last, run by one worker while the other
+    had nothing left (7 of the 41 minutes on a machine without the Go binaries)."""
+    if item.get_closest_marker("cluster") is not None:
+        return 0
+    if item.get_closest_marker("trainer") is not None:
+        return 1
+    return 2
 
 
 def _group_for_xdist(items: list[pytest.Item]) -> None:
@@ -93,9 +109,9 @@ def _group_for_xdist(items: list[pytest.Item]) -> None:
 
     The cluster tests mostly wait on the API server, the operator and kwok's simulated
     kubelets, and they share one session cluster, so one worker runs them all, in order, while
-    the others run the CPU-bound tests beside it; xdist hands out the largest group first, so
-    that worker starts on them at once. A module stays on one worker so its module-scoped
-    fixtures (searched plans, trained checkpoints) are built once.
+    the others run the CPU-bound tests beside it; their group is handed out first
+    (_xdist_group_rank), so that worker starts on them at once. A module stays on one worker
+    so its module-scoped fixtures (searched plans, trained checkpoints) are built once.
     """
     for item in items:
         if item.get_closest_marker("cluster") is not None:

@@ -23,6 +23,7 @@ from sailplan.planner.profiles.types import ProfileSet
 from sailplan_dev.example_pools import EXAMPLE_POOLS
 
 JOB = ("ns", "job", "uid-1")
+A100_POOLS = EXAMPLE_POOLS[:3]
 
 
 def small_request(catalog: Catalog, batch: int = 8) -> PlanRequest:
@@ -34,12 +35,26 @@ def small_request(catalog: Catalog, batch: int = 8) -> PlanRequest:
     )
 
 
-# A deadline that leaves the search its first plan on a loaded 2-core machine: the process
-# start, profile completion and about 1 CPU s of search, at niceness 5 (tests/conftest.py)
-# beside the local cluster's Go build and the cluster tests, which can leave it a seventh of
-# a core (10 and 20 s each failed once so). The whole search takes minutes, so it still
-# ends at the deadline.
-LOADED_DEADLINE = 45.0
+# Deadlines that leave the search its first plan: the process start, profile completion and
+# about 1 CPU s of search. The first is enough on an idle machine; the last on a loaded 2-core
+# one, at niceness 5 (tests/conftest.py) beside the local cluster's Go build and the cluster
+# tests, which can leave the search a seventh of a core (10 and 20 s each failed once so).
+# A test tries the next only when the search found no plan in time (Infeasible
+# SearchDeadline), so it waits long only where the machine is slow. The whole search takes
+# minutes, so it still ends at the deadline.
+DEADLINES = (8.0, 45.0)
+
+
+def medium_request(catalog: Catalog) -> PlanRequest:
+    """A search that runs to its end in a few CPU s (4 on the development VM): OPT-350M,
+    batch 64, over the three A100 pools; long enough to be running while a test sends the
+    next requests (the process start alone takes about a second)."""
+    return PlanRequest(
+        model=catalog.model("OPT-350M"),
+        global_batch_size=64,
+        cluster=ClusterSnapshot(pools=A100_POOLS),
+        runtime="megatron-deepspeed",
+    )
 
 
 def large_request(catalog: Catalog, deadline: float | None) -> PlanRequest:
@@ -180,22 +195,17 @@ def grown(pools: tuple[Pool, ...]) -> tuple[Pool, ...]:
 def test_a_capacity_change_queues_a_follow_up_instead_of_killing_the_search(
     service: PlanningService, notified: Notified, catalog: Catalog
 ) -> None:
-    # ends at its deadline with a plan
-    first = large_request(catalog, deadline=LOADED_DEADLINE)
+    first = medium_request(catalog)  # runs to its end
     service.plan(JOB, first, ProfileSet())
     pid = running_pid(service)
-    older, newer = with_pools(first, grown(EXAMPLE_POOLS)), with_pools(first, EXAMPLE_POOLS[1:])
+    older, newer = with_pools(first, grown(A100_POOLS)), with_pools(first, A100_POOLS[1:])
     assert spec_key(older) == spec_key(first) != content_key(older, ProfileSet())
     waiting = service.plan(JOB, older, ProfileSet())
     assert isinstance(waiting, Searching) and waiting.queued
     # A newer capacity change replaces the older follow-up; the running search stays.
     assert isinstance(service.plan(JOB, newer, ProfileSet()), Searching)
     assert service.running_pids() == {JOB: pid} and alive(pid)
-    wait_for(
-        "the first search and its follow-up ended",
-        lambda: len(notified.jobs) == 2,
-        2 * LOADED_DEADLINE + 30,
-    )
+    wait_for("the first search and its follow-up ended", lambda: len(notified.jobs) == 2, 300)
     # Both answers are cached: the first search ran to its end (a terminated one is
     # not), and the follow-up ran after it in a process of its own.
     assert isinstance(service.plan(JOB, first, ProfileSet()), Planned)
@@ -267,13 +277,19 @@ def test_a_plan_for_another_spec_is_not_served(
 def test_deadline_returns_the_best_plan_so_far(
     service: PlanningService, notified: Notified, catalog: Catalog
 ) -> None:
-    request = large_request(catalog, deadline=LOADED_DEADLINE)
-    started = time.monotonic()
-    service.plan(JOB, request, ProfileSet())
-    answer = answer_after_notify(service, notified, request, LOADED_DEADLINE + 20 + 5)
-    assert isinstance(answer, Planned)
-    assert not answer.exhaustive
-    assert time.monotonic() - started < LOADED_DEADLINE + 20
+    for deadline in DEADLINES:
+        request = large_request(catalog, deadline=deadline)
+        notified.event.clear()
+        started = time.monotonic()
+        service.plan(JOB, request, ProfileSet())
+        answer = answer_after_notify(service, notified, request, deadline + 20 + 5)
+        assert time.monotonic() - started < deadline + 20
+        if isinstance(answer, Infeasible) and answer.code == "SearchDeadline":
+            continue  # no first plan in time on this machine: a longer deadline
+        assert isinstance(answer, Planned), answer
+        assert not answer.exhaustive
+        return
+    pytest.fail(f"no plan within any of the deadlines {DEADLINES} s")
 
 
 def test_a_search_past_deadline_and_grace_is_killed(catalog: Catalog, notified: Notified) -> None:
