@@ -31,6 +31,7 @@ that worker's process, and builds the binaries before, while the other workers r
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -267,6 +268,21 @@ class _ClusterTestSpan:
 
 
 _CLUSTER_TESTS = _ClusterTestSpan()
+
+
+@functools.cache
+def _cpu_adam_built() -> None:
+    """Before a test marked `cpu_adam`, outside its timeout: DeepSpeed compiles its CPU Adam
+    extension on first use into ~/.cache/torch_extensions (94 CPU s on the development VM;
+    8 minutes beside a cold machine's Go build, at this worker's niceness) and loads it from
+    there afterwards; a file lock makes another worker wait for the same build. The trainer
+    ranks the test starts then load it in a second."""
+    import torch
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    DeepSpeedCPUAdam([torch.nn.Parameter(torch.zeros(4))])
+
+
 # Summary lines: this process's, then (on an xdist controller) each worker's.
 _SUMMARY: list[str] = []
 
@@ -297,6 +313,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if item.get_closest_marker("cluster") is None:
         if _xdist_worker(item.config):
             _lower_priority()
+        if item.get_closest_marker("cpu_adam") is not None:
+            _cpu_adam_built()
         return (yield)
     _SUMMARY.extend(_BUILD.wait())
     start = time.monotonic()

@@ -49,18 +49,12 @@ from sailplan.planner.profiles.types import ComputeProfile, ProfileSet, Provenan
 from sailplan.planner.simulator import PlanningContext, SimulatorConstants
 from sailplan.planner.simulator.memory import TrainingSetup, model_state_bytes
 
-pytestmark = pytest.mark.trainer
+# The offloaded optimizer steps in DeepSpeedCPUAdam (built before the first test).
+pytestmark = [pytest.mark.trainer, pytest.mark.cpu_adam]
 
 FP32 = 4
 PADDING = FP32 * PADDING_ELEMENTS
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cpu_adam_built() -> None:
-    from deepspeed.ops.adam import DeepSpeedCPUAdam
-
-    DeepSpeedCPUAdam([torch.nn.Parameter(torch.zeros(4))])
 
 
 def _offload_replica(rank: int, port: int, zero_stage: int, dtype: str, out: Path) -> None:

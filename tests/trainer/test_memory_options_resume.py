@@ -20,7 +20,8 @@ from trainer_harness import TINY, make_plan, run_plan
 from sailplan.planner.plan import Plan
 from sailplan.planner.workerenv import TrainerConfig
 
-pytestmark = pytest.mark.trainer
+# Stage 0 of plan A steps in DeepSpeedCPUAdam (built before the first test).
+pytestmark = [pytest.mark.trainer, pytest.mark.cpu_adam]
 
 RELATIVE = 1e-5
 

@@ -41,20 +41,14 @@ from trainer_harness import TINY, make_plan, step_losses, trainer_config
 
 from sailplan.planner.plan import Plan
 
-pytestmark = pytest.mark.trainer
+# The offloaded optimizer steps in DeepSpeedCPUAdam (built before the first test).
+pytestmark = [pytest.mark.trainer, pytest.mark.cpu_adam]
 
 STEPS = 8
 HALF_RTOL = 2**-8  # test_mixed_precision.py: two bf16 unit roundoffs
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # offload against the same plan on the device (see the module docstring)
 RELATIVE = 1e-4
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cpu_adam_built() -> None:
-    from deepspeed.ops.adam import DeepSpeedCPUAdam
-
-    DeepSpeedCPUAdam([torch.nn.Parameter(torch.zeros(4))])
 
 
 def _losses(
